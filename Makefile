@@ -1,0 +1,98 @@
+# maskserve: top-level build.  `make` builds the worker, the client, the
+# nginx module and (when nvcc is present) the CUDA kernels; `make test`
+# runs every test; `make run` starts the whole stack.  See README.md.
+
+CC       ?= cc
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -pthread -fPIC
+CPPFLAGS += -Ishm -Iworker
+LDLIBS   += -lyajl -lm -lpthread -lrt
+B        := build
+
+SHM_SRC    := $(wildcard shm/*.c)
+WORKER_SRC := $(filter-out worker/main.c,$(wildcard worker/*.c))
+CU_SRC     := $(wildcard kernels/*.cu)
+TEST_SRC   := $(wildcard t/c/test_*.c)
+BENCH_SRC  := $(wildcard bench/*.c)
+
+SHM_OBJ    := $(SHM_SRC:%.c=$(B)/%.o)
+WORKER_OBJ := $(WORKER_SRC:%.c=$(B)/%.o)
+
+ifneq ($(NVCC),)
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVFLAGS    ?= -O2 -g -gencode arch=compute_90,code=sm_90 -Xcompiler -fPIC
+CU_OBJ     := $(CU_SRC:%.cu=$(B)/%.o)
+CPPFLAGS   += -DMSV_HAVE_CUDA=1
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
+              -lcublas -lcudart -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
+else
+CU_OBJ     :=
+CUDA_LIBS  :=
+endif
+
+LIBS := $(B)/libmsv_worker.a $(B)/libmsv_shm.a
+
+BINS  := $(B)/maskserve-worker $(B)/maskserve-cli
+TESTS := $(TEST_SRC:t/c/%.c=$(B)/t/%)
+BENCH := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
+
+.PHONY: all bins tests bench module deps test run clean
+
+all: bins module
+
+bins: $(BINS) tests bench
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/kernels/%.o: kernels/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -Ishm -Iworker -DMSV_HAVE_CUDA=1 -c $< -o $@
+
+$(B)/libmsv_shm.a: $(SHM_OBJ)
+	$(AR) rcs $@ $^
+
+$(B)/libmsv_worker.a: $(WORKER_OBJ) $(CU_OBJ)
+	$(AR) rcs $@ $^
+
+$(B)/maskserve-worker: $(B)/worker/main.o $(LIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
+
+$(B)/maskserve-cli: $(B)/tools/maskserve-cli.o $(B)/libmsv_shm.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+tests: $(TESTS)
+
+$(B)/t/%: t/c/%.c $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -It/c -Ingx_module $(CFLAGS) -MMD -MP -o $@ $< \
+	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
+
+bench: $(BENCH)
+
+$(B)/bench/%: bench/%.c $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Ingx_module $(CFLAGS) -O3 -MMD -MP -o $@ $< \
+	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
+
+# The nginx dynamic module, built against Debian's nginx-dev sources.
+module:
+	sh tools/build-module.sh $(B)/nginx
+
+deps:
+	sh tools/deps.sh
+
+test: deps
+	$(MAKE) all
+	prove -v $(TESTS) t/*.t
+
+run: deps
+	$(MAKE) all
+	sh tools/run.sh
+
+clean:
+	rm -rf $(B)
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,0 +1,102 @@
+/*
+ * msv_ring.h: the output ring.  One producer (the worker) appends
+ * variable-length records; every attached reader consumes all of them at
+ * its own pace and picks out its own requests' rows.
+ */
+
+#ifndef MSV_RING_H
+#define MSV_RING_H
+
+#include <stdint.h>
+
+#include "msv_shm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Called by the producer while the ring is full because some attached
+ * reader lags.  It should service liveness (detach dead readers, which
+ * frees their tails) and sleep briefly.  waited_ns is how long this wait
+ * has lasted.  Return 0 to keep waiting, -1 to give up (the reserve then
+ * fails).
+ */
+typedef int (*msv_wait_fn)(void *ud, uint64_t waited_ns);
+
+struct msv_producer {
+    struct msv_ctrl  *c;
+    uint8_t          *data;
+    uint64_t          cap;          /* ring_bytes */
+    uint64_t          head;         /* private copy of c->head */
+    uint64_t          seq;          /* step of the open record */
+    uint64_t          rec_at;       /* start of the open record, or ~0 */
+    uint32_t          rec_bytes;    /* header + rows so far */
+    uint32_t          rec_rows;
+    uint32_t          reserved;     /* bytes of the last reserve */
+    msv_wait_fn       wait;
+    void             *wait_ud;
+    int               wake_fd[MSV_MAX_READERS];   /* -1: none */
+};
+
+void msv_producer_init(struct msv_producer *p, struct msv_ctrl *c,
+    msv_wait_fn wait, void *wait_ud);
+
+/* Open a step.  Rows reserved until msv_ring_end carry this seq. */
+void msv_ring_begin(struct msv_producer *p, uint64_t seq);
+
+/*
+ * Contiguous room for `bytes` (rows, 8-aligned) in the open step.  If the
+ * open record cannot grow that far (ctrl->max_rec_bytes, or the end of
+ * the ring) the record so far is published as one part and a new part
+ * begins.  Waits through p->wait while readers lag.  Returns NULL when
+ * bytes > max_row_bytes or the wait gave up.
+ */
+void *msv_ring_reserve(struct msv_producer *p, uint32_t bytes);
+
+/* The caller wrote `bytes` (<= reserved) holding n_rows rows. */
+void msv_ring_commit(struct msv_producer *p, uint32_t bytes,
+    uint32_t n_rows);
+
+/* Publish the open record (if it has rows) and wake armed readers. */
+void msv_ring_end(struct msv_producer *p);
+
+/* Smallest tail among attached readers, or head when there are none. */
+uint64_t msv_ring_min_tail(struct msv_ctrl *c, uint64_t head);
+
+
+/* Consumer side. */
+typedef int (*msv_row_fn)(void *ud, uint64_t seq, const struct msv_row *w);
+
+struct msv_consumer {
+    struct msv_ctrl    *c;
+    struct msv_reader  *me;
+    const uint8_t      *data;
+    uint64_t            cap;
+    uint64_t            tail;       /* private copy of me->tail */
+};
+
+void msv_consumer_init(struct msv_consumer *k, struct msv_ctrl *c,
+    uint32_t reader, uint64_t tail);
+
+/*
+ * Read every record published since the last call, call fn for each row
+ * (the row is valid only during the call), and release the tail after
+ * each record.  Returns the number of rows, or -1 if a record is
+ * malformed (the reader should detach: the region is not what it
+ * thinks).  A non-zero return from fn stops early, -1 as well.
+ */
+long msv_consume(struct msv_consumer *k, msv_row_fn fn, void *ud);
+
+/*
+ * Before blocking on its eventfd: arm, then look again.  Returns 1 if
+ * records arrived meanwhile (consume again instead of sleeping), 0 if
+ * it is safe to sleep.
+ */
+int msv_consumer_arm(struct msv_consumer *k);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MSV_RING_H */

@@ -1,0 +1,57 @@
+/*
+ * msv_slots.h: the request slot table, reader side and worker side.
+ */
+
+#ifndef MSV_SLOTS_H
+#define MSV_SLOTS_H
+
+#include <stdint.h>
+
+#include "msv_shm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Reader: claim a FREE slot (CAS with pid).  Returns its index or -1. */
+int msv_slot_claim(struct msv_ctrl *c, uint32_t reader, int32_t pid);
+
+/* Reader: give back a claimed slot that was never submitted. */
+void msv_slot_unclaim(struct msv_ctrl *c, uint32_t i);
+
+/*
+ * Reader: fill a claimed slot and publish it (SUBMITTED, release).
+ * Returns the request's cookie (never 0).  The caller then kicks the
+ * worker's eventfd.  Checks nothing: validate before.
+ */
+uint64_t msv_slot_submit(struct msv_ctrl *c, uint32_t i,
+    const char *request_id, const struct msv_params *params,
+    const int32_t *prompt, uint32_t n_prompt,
+    const struct msv_bias *bias);
+
+/* Reader: ask the worker to stop this request at its next step. */
+void msv_slot_cancel(struct msv_ctrl *c, uint32_t i, uint64_t cookie);
+
+/* Reader: after consuming the last row, FINISHED/ABORTED -> FREE.
+ * Returns 0, or -1 if the slot is not that request's any more. */
+int msv_slot_release(struct msv_ctrl *c, uint32_t i, uint64_t cookie);
+
+/* State of slot i, and whether it still holds `cookie`. */
+uint32_t msv_slot_state(struct msv_ctrl *c, uint32_t i);
+
+/* Counts by state, for health and tests: out[6] indexed by state. */
+void msv_slot_census(struct msv_ctrl *c, uint32_t out[6]);
+
+/*
+ * Worker: free every slot owned by a reader that is gone (by reader index,
+ * or by a dead pid for slots still CLAIMED).  Returns how many it freed;
+ * running ones are listed in out (up to max) so the scheduler drops them.
+ */
+uint32_t msv_slots_reap(struct msv_ctrl *c, int reader, uint32_t *out,
+    uint32_t max);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MSV_SLOTS_H */
