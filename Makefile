@@ -6,7 +6,7 @@ CC       ?= cc
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -pthread -fPIC
-CPPFLAGS += -Ishm -Iworker
+CPPFLAGS += -D_GNU_SOURCE -Ishm -Iworker
 LDLIBS   += -lyajl -lm -lpthread -lrt
 B        := build
 

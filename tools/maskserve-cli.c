@@ -1,0 +1,539 @@
+/*
+ * maskserve-cli: submit requests straight to a worker's region and print
+ * every row as a JSON line.  Used by tests and for debugging, besides
+ * nginx.
+ *
+ *   maskserve-cli --shm NAME [--requests FILE] [--timeout SEC]
+ *   maskserve-cli --shm NAME --stats
+ *
+ * FILE (default: standard input) holds one request per line, in the JSON
+ * shape of POST /inference/v1/generate: request_id, token_ids,
+ * sampling_params, return_sampling_mask, sampling_logprobs_mode.  All
+ * requests are submitted at once as far as the worker has free slots;
+ * the rest follow as slots free up.
+ *
+ * Output, one line per row:
+ *   {"request_id":"a","slot":3,"step":17,"pos":0,"token":123,
+ *    "finish":null,"logprob":-0.5,"ids":[...],"lps":[...],"top":[[id,lp]]}
+ * and one line per finished request:
+ *   {"request_id":"a","done":true,"seed":42,"completion_tokens":16,
+ *    "finish":"length","abort_reason":null}
+ * Exit status: 0 when every request ended (whatever its finish reason),
+ * 1 on a worker failure or timeout, 2 on bad input.
+ */
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <yajl/yajl_tree.h>
+
+#include "../shm/msv_link.h"
+#include "../shm/msv_region.h"
+#include "../shm/msv_ring.h"
+#include "../shm/msv_slots.h"
+
+struct cli_req {
+    char               id[MSV_REQ_ID_MAX + 1];
+    struct msv_params  p;
+    int32_t           *prompt;
+    uint32_t           n_prompt;
+    struct msv_bias   *bias;
+    int                slot;          /* -1 until submitted */
+    uint64_t           cookie;
+    uint32_t           next_pos;
+    int                done;
+};
+
+struct cli {
+    struct msv_attachment  a;
+    struct cli_req        *reqs;
+    uint32_t               n_reqs;
+    uint32_t               n_done;
+    uint32_t               next_submit;
+    struct cli_req       **by_slot;
+    int                    failed;
+};
+
+static const char *cli_finish[] = { "null", "\"stop\"", "\"length\"",
+                                    "\"abort\"" };
+static const char *cli_abort[] = { "null", "\"cancelled\"", "\"shutdown\"",
+                                   "\"invalid\"", "\"no_kv\"",
+                                   "\"internal\"" };
+
+
+static int
+cli_fail(const char *file, unsigned line, const char *msg)
+{
+    fprintf(stderr, "maskserve-cli: %s:%u: %s\n", file, line, msg);
+    return -1;
+}
+
+
+static int
+cli_num(yajl_val v, double *out)
+{
+    if (v == NULL || !YAJL_IS_NUMBER(v)) {
+        return -1;
+    }
+    *out = YAJL_GET_DOUBLE(v);
+    return 0;
+}
+
+
+/* Parse one JSON request line into r. */
+static int
+cli_parse(struct msv_ctrl *c, const char *file, unsigned line, char *text,
+    struct cli_req *r, unsigned seq)
+{
+    char         ebuf[256];
+    double       d;
+    size_t       i;
+    yajl_val     root, v, sp, e;
+    const char  *ids_path[] = { "token_ids", NULL };
+    const char  *sp_path[] = { "sampling_params", NULL };
+    const char  *id_path[] = { "request_id", NULL };
+    const char  *mask_path[] = { "return_sampling_mask", NULL };
+    const char  *mode_path[] = { "sampling_logprobs_mode", NULL };
+
+    memset(r, 0, sizeof(*r));
+    r->slot = -1;
+    r->p.max_tokens = 16;
+    r->p.temperature = 1.0f;
+    r->p.top_p = 1.0f;
+    r->p.top_k = -1;
+    r->p.repetition_penalty = 1.0f;
+    r->p.logprobs = -1;
+
+    root = yajl_tree_parse(text, ebuf, sizeof(ebuf));
+    if (root == NULL || !YAJL_IS_OBJECT(root)) {
+        return cli_fail(file, line, "not a JSON object");
+    }
+
+    v = yajl_tree_get(root, id_path, yajl_t_string);
+    if (v != NULL) {
+        snprintf(r->id, sizeof(r->id), "%s", YAJL_GET_STRING(v));
+    } else {
+        snprintf(r->id, sizeof(r->id), "cli-%u", seq);
+    }
+
+    v = yajl_tree_get(root, ids_path, yajl_t_array);
+    if (v == NULL || v->u.array.len == 0
+        || v->u.array.len >= c->max_model_len)
+    {
+        yajl_tree_free(root);
+        return cli_fail(file, line, "token_ids: 1..max_model_len-1 ints");
+    }
+    r->n_prompt = (uint32_t) v->u.array.len;
+    r->prompt = malloc(r->n_prompt * sizeof(int32_t));
+    r->bias = calloc(MSV_MAX_BIAS, sizeof(struct msv_bias));
+    if (r->prompt == NULL || r->bias == NULL) {
+        yajl_tree_free(root);
+        return cli_fail(file, line, "out of memory");
+    }
+    for (i = 0; i < r->n_prompt; i++) {
+        if (cli_num(v->u.array.values[i], &d) || d < 0 || d >= c->vocab_size
+            || d != floor(d))
+        {
+            yajl_tree_free(root);
+            return cli_fail(file, line, "token_ids: id out of range");
+        }
+        r->prompt[i] = (int32_t) d;
+    }
+
+    v = yajl_tree_get(root, mask_path, yajl_t_any);
+    if (v != NULL && YAJL_IS_TRUE(v)) {
+        r->p.mask_mode = MSV_MASK_SELECTED;
+        v = yajl_tree_get(root, mode_path, yajl_t_string);
+        if (v != NULL) {
+            if (strcmp(YAJL_GET_STRING(v), "support") == 0) {
+                r->p.mask_mode = MSV_MASK_SUPPORT;
+            } else if (strcmp(YAJL_GET_STRING(v), "selected") != 0) {
+                yajl_tree_free(root);
+                return cli_fail(file, line, "sampling_logprobs_mode: "
+                                "selected or support");
+            }
+        }
+    }
+
+    sp = yajl_tree_get(root, sp_path, yajl_t_object);
+    for (i = 0; sp != NULL && i < sp->u.object.len; i++) {
+        const char  *k = sp->u.object.keys[i];
+
+        e = sp->u.object.values[i];
+        if (YAJL_IS_NULL(e)) {
+            continue;
+        }
+
+        if (strcmp(k, "stop_token_ids") == 0 && YAJL_IS_ARRAY(e)) {
+            size_t  j;
+
+            if (e->u.array.len > MSV_MAX_STOP) {
+                yajl_tree_free(root);
+                return cli_fail(file, line, "stop_token_ids: too many");
+            }
+            for (j = 0; j < e->u.array.len; j++) {
+                if (cli_num(e->u.array.values[j], &d) || d < 0
+                    || d >= c->vocab_size)
+                {
+                    yajl_tree_free(root);
+                    return cli_fail(file, line, "stop_token_ids: bad id");
+                }
+                r->p.stop_ids[r->p.n_stop++] = (int32_t) d;
+            }
+            continue;
+        }
+
+        if (strcmp(k, "logit_bias") == 0 && YAJL_IS_OBJECT(e)) {
+            size_t  j;
+
+            if (e->u.object.len > MSV_MAX_BIAS) {
+                yajl_tree_free(root);
+                return cli_fail(file, line, "logit_bias: too many entries");
+            }
+            for (j = 0; j < e->u.object.len; j++) {
+                char  *end;
+                long   id = strtol(e->u.object.keys[j], &end, 10);
+
+                if (*end || id < 0 || id >= (long) c->vocab_size
+                    || cli_num(e->u.object.values[j], &d))
+                {
+                    yajl_tree_free(root);
+                    return cli_fail(file, line, "logit_bias: bad entry");
+                }
+                r->bias[r->p.n_bias].id = (int32_t) id;
+                r->bias[r->p.n_bias++].value = (float) d;
+            }
+            continue;
+        }
+
+        if (strcmp(k, "ignore_eos") == 0) {
+            r->p.ignore_eos = YAJL_IS_TRUE(e);
+            continue;
+        }
+
+        if (cli_num(e, &d)) {
+            yajl_tree_free(root);
+            return cli_fail(file, line, "sampling_params: non-numeric value");
+        }
+
+        if (strcmp(k, "max_tokens") == 0) {
+            r->p.max_tokens = (uint32_t) d;
+        } else if (strcmp(k, "min_tokens") == 0) {
+            r->p.min_tokens = (uint32_t) d;
+        } else if (strcmp(k, "temperature") == 0) {
+            r->p.temperature = (float) d;
+        } else if (strcmp(k, "top_p") == 0) {
+            r->p.top_p = (float) d;
+        } else if (strcmp(k, "top_k") == 0) {
+            r->p.top_k = (int32_t) d;
+        } else if (strcmp(k, "min_p") == 0) {
+            r->p.min_p = (float) d;
+        } else if (strcmp(k, "seed") == 0) {
+            r->p.has_seed = 1;
+            r->p.seed = (uint64_t) YAJL_GET_INTEGER(e);
+        } else if (strcmp(k, "repetition_penalty") == 0) {
+            r->p.repetition_penalty = (float) d;
+        } else if (strcmp(k, "presence_penalty") == 0) {
+            r->p.presence_penalty = (float) d;
+        } else if (strcmp(k, "frequency_penalty") == 0) {
+            r->p.frequency_penalty = (float) d;
+        } else if (strcmp(k, "logprobs") == 0) {
+            r->p.logprobs = (int32_t) d;
+        }
+    }
+
+    yajl_tree_free(root);
+
+    if (r->p.max_tokens == 0 || r->p.temperature < 0 || r->p.top_p <= 0
+        || r->p.top_p > 1 || r->p.min_p < 0 || r->p.min_p > 1
+        || r->p.repetition_penalty <= 0
+        || r->p.logprobs > (int32_t) c->max_logprobs)
+    {
+        return cli_fail(file, line, "sampling_params: value out of range");
+    }
+
+    return 0;
+}
+
+
+static void
+cli_submit_more(struct cli *k)
+{
+    int              i;
+    struct cli_req  *r;
+    int              kicked = 0;
+
+    while (k->next_submit < k->n_reqs) {
+        r = &k->reqs[k->next_submit];
+        i = msv_slot_claim(k->a.rg.ctrl, k->a.reader, k->a.pid);
+        if (i < 0) {
+            break;
+        }
+        r->slot = i;
+        r->cookie = msv_slot_submit(k->a.rg.ctrl, (uint32_t) i, r->id, &r->p,
+                                    r->prompt, r->n_prompt, r->bias);
+        k->by_slot[i] = r;
+        k->next_submit++;
+        kicked = 1;
+    }
+    if (kicked) {
+        msv_kick(k->a.kick_fd);
+    }
+}
+
+
+static void
+cli_print_row(struct cli_req *r, uint64_t seq, const struct msv_row *w)
+{
+    uint32_t              i;
+    const int32_t        *ids = msv_row_ids(w);
+    const float          *lps = msv_row_lps(w);
+    const struct msv_top *top = msv_row_top(w);
+
+    printf("{\"request_id\":\"%s\",\"slot\":%u,\"step\":%llu,\"pos\":%u,"
+           "\"token\":%d,\"finish\":%s,\"abort_reason\":%s,\"mode\":%u,"
+           "\"logprob\":%.9g", r->id, w->slot, (unsigned long long) seq,
+           w->pos, w->token, cli_finish[w->finish & 3],
+           cli_abort[w->abort_reason <= 5 ? w->abort_reason : 5], w->mode,
+           (double) w->logprob);
+
+    if (w->n_support) {
+        printf(",\"ids\":[");
+        for (i = 0; i < w->n_support; i++) {
+            printf(i ? ",%d" : "%d", ids[i]);
+        }
+        printf("],\"lps\":[");
+        for (i = 0; i < w->n_lps; i++) {
+            printf(i ? ",%.9g" : "%.9g", (double) lps[i]);
+        }
+        printf("]");
+    }
+    if (w->n_top) {
+        printf(",\"top\":[");
+        for (i = 0; i < w->n_top; i++) {
+            printf(i ? ",[%d,%.9g]" : "[%d,%.9g]", top[i].id,
+                   (double) top[i].lp);
+        }
+        printf("]");
+    }
+    printf("}\n");
+}
+
+
+static int
+cli_on_row(void *ud, uint64_t seq, const struct msv_row *w)
+{
+    struct cli       *k = ud;
+    struct cli_req   *r;
+    struct msv_slot  *sl;
+
+    if (w->slot >= k->a.rg.ctrl->n_slots) {
+        return 0;
+    }
+    r = k->by_slot[w->slot];
+    if (r == NULL || r->cookie != w->cookie) {
+        return 0;                       /* another reader's request */
+    }
+
+    if (w->token >= 0 && w->pos != r->next_pos) {
+        fprintf(stderr, "maskserve-cli: %s: row %u arrived, expected %u\n",
+                r->id, w->pos, r->next_pos);
+        k->failed = 1;
+    }
+    if (w->token >= 0) {
+        r->next_pos = w->pos + 1;
+    }
+
+    cli_print_row(r, seq, w);
+
+    if (w->finish != MSV_FINISH_NONE) {
+        sl = msv_slot_at(k->a.rg.ctrl, w->slot);
+        printf("{\"request_id\":\"%s\",\"done\":true,\"seed\":%llu,"
+               "\"completion_tokens\":%u,\"finish\":%s,\"abort_reason\":%s}\n",
+               r->id, (unsigned long long) sl->seed_used, r->next_pos,
+               cli_finish[w->finish & 3],
+               cli_abort[w->abort_reason <= 5 ? w->abort_reason : 5]);
+        msv_slot_release(k->a.rg.ctrl, w->slot, w->cookie);
+        k->by_slot[w->slot] = NULL;
+        r->done = 1;
+        k->n_done++;
+    }
+    return 0;
+}
+
+
+static int
+cli_stats(const char *name)
+{
+    char               err[256];
+    uint32_t           census[6], i, readers = 0;
+    struct msv_ctrl   *c;
+    struct msv_region  rg;
+    static const char *states[] = { "starting", "ready", "draining",
+                                    "stopped" };
+
+    if (msv_region_open(&rg, name, err, sizeof(err)) != 0) {
+        fprintf(stderr, "maskserve-cli: %s\n", err);
+        return 1;
+    }
+    c = rg.ctrl;
+    msv_slot_census(c, census);
+    for (i = 0; i < c->n_readers; i++) {
+        readers += MSV_STATE_OF(atomic_load(&msv_reader_at(c, i)->state))
+                   == MSV_READER_ATTACHED;
+    }
+
+    printf("{\"region\":\"%s\",\"generation\":%llu,\"pid\":%d,"
+           "\"state\":\"%s\",\"alive\":%s,\"heartbeat_age_ms\":%llu,"
+           "\"model\":\"%s\",\"backend\":\"%s\",\"vocab_size\":%u,"
+           "\"max_model_len\":%u,\"n_slots\":%u,\"readers\":%u,"
+           "\"slots\":{\"free\":%u,\"claimed\":%u,\"submitted\":%u,"
+           "\"running\":%u,\"finished\":%u,\"aborted\":%u},"
+           "\"steps\":%llu,\"tokens\":%llu,\"requests_done\":%llu,"
+           "\"ring_waits\":%llu,\"readers_evicted\":%llu}\n",
+           c->name, (unsigned long long) c->generation, c->worker_pid,
+           states[atomic_load(&c->state) & 3],
+           msv_pid_alive(c->worker_pid) ? "true" : "false",
+           (unsigned long long) ((msv_now_ns() - atomic_load(&c->heartbeat_ns))
+                                 / 1000000),
+           c->model, c->backend, c->vocab_size, c->max_model_len, c->n_slots,
+           readers, census[0], census[1], census[2], census[3], census[4],
+           census[5], (unsigned long long) atomic_load(&c->steps),
+           (unsigned long long) atomic_load(&c->tokens),
+           (unsigned long long) atomic_load(&c->requests_done),
+           (unsigned long long) atomic_load(&c->ring_waits),
+           (unsigned long long) atomic_load(&c->readers_evicted));
+
+    msv_region_unmap(&rg);
+    return 0;
+}
+
+
+int
+main(int argc, char **argv)
+{
+    int                 c, idx, ep, stats;
+    char                err[256], *line;
+    FILE               *f;
+    size_t              cap;
+    ssize_t             len;
+    unsigned            lineno;
+    uint64_t            t0;
+    double              timeout;
+    struct cli          k;
+    const char         *name, *file;
+    struct epoll_event  ev, evs[4];
+
+    static const struct option  longopts[] = {
+        { "shm",      required_argument, 0, 's' },
+        { "requests", required_argument, 0, 'r' },
+        { "timeout",  required_argument, 0, 't' },
+        { "stats",    no_argument,       0, 'S' },
+        { "help",     no_argument,       0, 'h' },
+        { 0, 0, 0, 0 }
+    };
+
+    name = "maskserve-0";
+    file = "-";
+    timeout = 120;
+    stats = 0;
+
+    while ((c = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
+        switch (c) {
+        case 's': name = optarg; break;
+        case 'r': file = optarg; break;
+        case 't': timeout = atof(optarg); break;
+        case 'S': stats = 1; break;
+        case 'h':
+            printf("usage: maskserve-cli --shm NAME [--requests FILE] "
+                   "[--timeout SEC] | --shm NAME --stats\n");
+            return 0;
+        default:
+            return 2;
+        }
+    }
+
+    if (stats) {
+        return cli_stats(name);
+    }
+
+    memset(&k, 0, sizeof(k));
+    if (msv_attach(&k.a, name, err, sizeof(err)) != 0) {
+        fprintf(stderr, "maskserve-cli: %s\n", err);
+        return 1;
+    }
+
+    f = strcmp(file, "-") == 0 ? stdin : fopen(file, "r");
+    if (f == NULL) {
+        fprintf(stderr, "maskserve-cli: %s: %s\n", file, strerror(errno));
+        return 2;
+    }
+
+    line = NULL;
+    cap = 0;
+    lineno = 0;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        if (len <= 1) {
+            continue;
+        }
+        k.reqs = realloc(k.reqs, (k.n_reqs + 1) * sizeof(struct cli_req));
+        if (k.reqs == NULL
+            || cli_parse(k.a.rg.ctrl, file, lineno, line, &k.reqs[k.n_reqs],
+                         k.n_reqs) != 0)
+        {
+            return 2;
+        }
+        k.n_reqs++;
+    }
+    free(line);
+
+    k.by_slot = calloc(k.a.rg.ctrl->n_slots, sizeof(struct cli_req *));
+    ep = epoll_create1(EPOLL_CLOEXEC);
+    ev.events = EPOLLIN;
+    ev.data.u32 = 1;
+    epoll_ctl(ep, EPOLL_CTL_ADD, k.a.wake_fd, &ev);
+    ev.data.u32 = 2;
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    epoll_ctl(ep, EPOLL_CTL_ADD, k.a.conn_fd, &ev);
+
+    t0 = msv_now_ns();
+    while (k.n_done < k.n_reqs) {
+        cli_submit_more(&k);
+
+        atomic_store_explicit(&k.a.cons.me->heartbeat_ns, msv_now_ns(),
+                              memory_order_relaxed);
+        if (msv_consume(&k.a.cons, cli_on_row, &k) < 0) {
+            fprintf(stderr, "maskserve-cli: malformed ring record\n");
+            return 1;
+        }
+        fflush(stdout);
+        if (k.n_done == k.n_reqs) {
+            break;
+        }
+        if (msv_attachment_check(&k.a) != 0) {
+            fprintf(stderr, "maskserve-cli: worker %s went away\n", name);
+            return 1;
+        }
+        if ((double) (msv_now_ns() - t0) / 1e9 > timeout) {
+            fprintf(stderr, "maskserve-cli: timeout: %u of %u requests done\n",
+                    k.n_done, k.n_reqs);
+            return 1;
+        }
+        if (msv_consumer_arm(&k.a.cons)) {
+            continue;
+        }
+        if (epoll_wait(ep, evs, 4, 100) > 0) {
+            msv_drain(k.a.wake_fd);
+        }
+    }
+
+    msv_detach(&k.a);
+    return k.failed ? 1 : 0;
+}

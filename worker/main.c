@@ -1,0 +1,531 @@
+/*
+ * main.c: the maskserve worker process.  One per GPU (or one on the CPU):
+ * load a model, create the shared-memory region, then schedule, run,
+ * sample and publish until SIGTERM.
+ *
+ * On SIGTERM or SIGINT the worker stops admitting (state DRAINING), aborts
+ * every submitted and running request with abort reason "shutdown" (each
+ * gets its abort row), waits up to --drain-timeout for attached readers
+ * to consume those rows, then marks the region STOPPED and unlinks it.
+ * A second signal skips the wait.
+ */
+
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../shm/msv_region.h"
+#include "../shm/msv_ring.h"
+#include "backend.h"
+#include "ipc.h"
+#include "log.h"
+#include "model.h"
+#include "scheduler.h"
+
+struct msv_opts {
+    const char  *model_dir;
+    const char  *dummy;
+    const char  *backend;
+    const char  *shm;
+    uint32_t     max_num_seqs;
+    uint32_t     max_model_len;
+    uint32_t     max_batched;
+    uint32_t     max_logprobs;
+    uint64_t     ring_bytes;
+    uint64_t     kv_tokens;
+    uint64_t     seed;
+    int          has_seed;
+    int          threads;
+    double       reader_timeout;
+    double       drain_timeout;
+};
+
+static volatile sig_atomic_t  msv_stop;
+static struct msv_ctrl       *msv_hb_ctrl;
+
+
+static void
+msv_on_signal(int sig)
+{
+    (void) sig;
+    msv_stop++;
+}
+
+
+static void
+msv_usage(FILE *f)
+{
+    fprintf(f,
+"usage: maskserve-worker (--model DIR | --dummy PRESET|CONFIG.json) [options]\n"
+"  --model DIR              Hugging Face checkpoint: config.json + *.safetensors\n"
+"  --dummy PRESET|FILE      random weights: tiny, qwen3-0.6b, qwen3-8b,\n"
+"                           llama3-8b, or a config.json\n"
+"  --backend auto|cpu|cuda  (default auto: cuda when a GPU is usable)\n"
+"  --shm NAME               region name (default maskserve-0)\n"
+"  --max-num-seqs N         concurrent requests (default 64)\n"
+"  --max-model-len N        prompt + output tokens (default: the model's,\n"
+"                           at most 32768)\n"
+"  --max-num-batched-tokens N  tokens per step (default 2048)\n"
+"  --max-logprobs N         largest sampling_params.logprobs (default 128)\n"
+"  --kv-tokens N            KV cache size in tokens (default: enough for\n"
+"                           every sequence at full length)\n"
+"  --ring-bytes SIZE        output ring size, power of two (default 64M)\n"
+"  --seed N                 seed for requests that bring none (default:\n"
+"                           random)\n"
+"  --threads N              CPU backend threads (default: all cores)\n"
+"  --reader-timeout SEC     evict a reader that stalls the ring (default 10)\n"
+"  --drain-timeout SEC      on SIGTERM, wait for readers (default 2)\n"
+"  --log-level LEVEL        error, warn, info, debug (default info)\n");
+}
+
+
+static int
+msv_parse_u64(const char *opt, const char *s, uint64_t *out, int sizes)
+{
+    char               *end;
+    unsigned long long  v;
+
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno != 0 || end == s || s[0] == '-') {
+        goto bad;
+    }
+    if (sizes && *end != '\0') {
+        switch (*end++) {
+        case 'k': case 'K': v <<= 10; break;
+        case 'm': case 'M': v <<= 20; break;
+        case 'g': case 'G': v <<= 30; break;
+        default: goto bad;
+        }
+    }
+    if (*end != '\0') {
+        goto bad;
+    }
+    *out = v;
+    return 0;
+
+bad:
+    fprintf(stderr, "maskserve-worker: %s: invalid value \"%s\"\n", opt, s);
+    return -1;
+}
+
+
+static int
+msv_parse_args(int argc, char **argv, struct msv_opts *o)
+{
+    int       c, idx;
+    char     *end;
+    double    d;
+    uint64_t  v;
+
+    static const struct option  longopts[] = {
+        { "model",                  required_argument, 0, 'm' },
+        { "dummy",                  required_argument, 0, 'd' },
+        { "backend",                required_argument, 0, 'b' },
+        { "shm",                    required_argument, 0, 's' },
+        { "max-num-seqs",           required_argument, 0, 'n' },
+        { "max-model-len",          required_argument, 0, 'l' },
+        { "max-num-batched-tokens", required_argument, 0, 'B' },
+        { "max-logprobs",           required_argument, 0, 'L' },
+        { "kv-tokens",              required_argument, 0, 'k' },
+        { "ring-bytes",             required_argument, 0, 'r' },
+        { "seed",                   required_argument, 0, 'S' },
+        { "threads",                required_argument, 0, 't' },
+        { "reader-timeout",         required_argument, 0, 'R' },
+        { "drain-timeout",          required_argument, 0, 'D' },
+        { "log-level",              required_argument, 0, 'v' },
+        { "help",                   no_argument,       0, 'h' },
+        { 0, 0, 0, 0 }
+    };
+
+    memset(o, 0, sizeof(*o));
+    o->backend = "auto";
+    o->shm = "maskserve-0";
+    o->max_num_seqs = 64;
+    o->max_batched = 2048;
+    o->max_logprobs = 128;
+    o->ring_bytes = 64ULL << 20;
+    o->reader_timeout = 10.0;
+    o->drain_timeout = 2.0;
+
+    while ((c = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
+        switch (c) {
+        case 'm': o->model_dir = optarg; break;
+        case 'd': o->dummy = optarg; break;
+        case 'b': o->backend = optarg; break;
+        case 's': o->shm = optarg; break;
+        case 'n':
+            if (msv_parse_u64("--max-num-seqs", optarg, &v, 0) || v < 1
+                || v > 4096)
+            {
+                fprintf(stderr, "maskserve-worker: --max-num-seqs: must be "
+                        "1..4096\n");
+                return -1;
+            }
+            o->max_num_seqs = (uint32_t) v;
+            break;
+        case 'l':
+            if (msv_parse_u64("--max-model-len", optarg, &v, 0) || v < 2
+                || v > (1u << 20))
+            {
+                fprintf(stderr, "maskserve-worker: --max-model-len: must be "
+                        "2..1048576\n");
+                return -1;
+            }
+            o->max_model_len = (uint32_t) v;
+            break;
+        case 'B':
+            if (msv_parse_u64("--max-num-batched-tokens", optarg, &v, 0)
+                || v < 1 || v > (1u << 20))
+            {
+                fprintf(stderr, "maskserve-worker: --max-num-batched-tokens: "
+                        "must be 1..1048576\n");
+                return -1;
+            }
+            o->max_batched = (uint32_t) v;
+            break;
+        case 'L':
+            if (msv_parse_u64("--max-logprobs", optarg, &v, 0)
+                || v > MSV_MAX_LOGPROBS)
+            {
+                fprintf(stderr, "maskserve-worker: --max-logprobs: must be "
+                        "0..%d\n", MSV_MAX_LOGPROBS);
+                return -1;
+            }
+            o->max_logprobs = (uint32_t) v;
+            break;
+        case 'k':
+            if (msv_parse_u64("--kv-tokens", optarg, &o->kv_tokens, 0)) {
+                return -1;
+            }
+            break;
+        case 'r':
+            if (msv_parse_u64("--ring-bytes", optarg, &o->ring_bytes, 1)) {
+                return -1;
+            }
+            break;
+        case 'S':
+            if (msv_parse_u64("--seed", optarg, &o->seed, 0)) {
+                return -1;
+            }
+            o->has_seed = 1;
+            break;
+        case 't':
+            if (msv_parse_u64("--threads", optarg, &v, 0) || v > 1024) {
+                return -1;
+            }
+            o->threads = (int) v;
+            break;
+        case 'R':
+        case 'D':
+            errno = 0;
+            d = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(d >= 0) || d > 86400) {
+                fprintf(stderr, "maskserve-worker: --%s: invalid value "
+                        "\"%s\"\n", c == 'R' ? "reader-timeout"
+                                             : "drain-timeout", optarg);
+                return -1;
+            }
+            if (c == 'R') {
+                o->reader_timeout = d;
+            } else {
+                o->drain_timeout = d;
+            }
+            break;
+        case 'v':
+            if (strcmp(optarg, "error") == 0) {
+                msv_log_level = MSV_LOG_ERROR;
+            } else if (strcmp(optarg, "warn") == 0) {
+                msv_log_level = MSV_LOG_WARN;
+            } else if (strcmp(optarg, "info") == 0) {
+                msv_log_level = MSV_LOG_INFO;
+            } else if (strcmp(optarg, "debug") == 0) {
+                msv_log_level = MSV_LOG_DEBUG;
+            } else {
+                fprintf(stderr, "maskserve-worker: --log-level: unknown "
+                        "level \"%s\"\n", optarg);
+                return -1;
+            }
+            break;
+        case 'h':
+            msv_usage(stdout);
+            exit(0);
+        default:
+            msv_usage(stderr);
+            return -1;
+        }
+    }
+
+    if (optind < argc) {
+        fprintf(stderr, "maskserve-worker: unexpected argument \"%s\"\n",
+                argv[optind]);
+        return -1;
+    }
+    if ((o->model_dir == NULL) == (o->dummy == NULL)) {
+        fprintf(stderr, "maskserve-worker: give exactly one of --model DIR "
+                "or --dummy PRESET\n");
+        return -1;
+    }
+    if (!msv_name_valid(o->shm)) {
+        fprintf(stderr, "maskserve-worker: --shm: \"%s\" is not a valid name "
+                "([A-Za-z0-9._-], 1..%d characters)\n", o->shm, MSV_NAME_MAX);
+        return -1;
+    }
+    if (o->ring_bytes < (1u << 16) || (o->ring_bytes & (o->ring_bytes - 1))) {
+        fprintf(stderr, "maskserve-worker: --ring-bytes: must be a power of "
+                "two of at least 64K\n");
+        return -1;
+    }
+    if (strcmp(o->backend, "auto") && strcmp(o->backend, "cpu")
+        && strcmp(o->backend, "cuda"))
+    {
+        fprintf(stderr, "maskserve-worker: --backend: must be auto, cpu or "
+                "cuda\n");
+        return -1;
+    }
+
+    return 0;
+}
+
+
+/* The heartbeat comes from its own thread so a long step (a big model on
+ * the CPU) doesn't look like a dead worker; a dead process stops it. */
+static void *
+msv_heartbeat_main(void *arg)
+{
+    struct timespec  ts = { 0, 100 * 1000000L };
+
+    (void) arg;
+    for ( ;; ) {
+        atomic_store_explicit(&msv_hb_ctrl->heartbeat_ns, msv_now_ns(),
+                              memory_order_relaxed);
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+
+static void
+msv_forget(void *ud, uint32_t slot)
+{
+    msv_sched_forget(ud, slot);
+}
+
+
+int
+main(int argc, char **argv)
+{
+    int                             rc, use_cuda;
+    char                            err[512];
+    uint64_t                        t0, seed, head;
+    pthread_t                       hb;
+    struct msv_opts                 o;
+    struct msv_ipc                  ipc;
+    struct msv_sched                sched;
+    struct msv_layout               lay;
+    struct msv_region               rg;
+    struct msv_weights              w;
+    struct msv_backend             *be;
+    struct msv_producer             prod;
+    struct sigaction                sa;
+    struct msv_model_config         cfg;
+    const struct msv_backend_ops   *ops;
+
+    if (msv_parse_args(argc, argv, &o) != 0) {
+        return 2;
+    }
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = msv_on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    /* model */
+    memset(&w, 0, sizeof(w));
+    t0 = msv_now_ns();
+
+    if (o.model_dir != NULL) {
+        char  path[4096];
+
+        snprintf(path, sizeof(path), "%s/config.json", o.model_dir);
+        if (msv_config_load(path, &cfg, err, sizeof(err)) != 0) {
+            fprintf(stderr, "maskserve-worker: %s\n", err);
+            return 1;
+        }
+        msv_info("loading %s (%s)", o.model_dir, cfg.name);
+        if (msv_weights_load(o.model_dir, &w, err, sizeof(err)) != 0) {
+            fprintf(stderr, "maskserve-worker: %s\n", err);
+            return 1;
+        }
+
+    } else {
+        size_t  n = strlen(o.dummy);
+
+        if (n > 5 && strcmp(o.dummy + n - 5, ".json") == 0) {
+            rc = msv_config_load(o.dummy, &cfg, err, sizeof(err));
+        } else {
+            rc = msv_config_preset(o.dummy, &cfg, err, sizeof(err));
+        }
+        if (rc != 0) {
+            fprintf(stderr, "maskserve-worker: %s\n", err);
+            return 1;
+        }
+        msv_info("making dummy weights for %s", cfg.name);
+        if (msv_weights_dummy(&cfg, o.has_seed ? o.seed : 0, &w, err,
+                              sizeof(err)) != 0)
+        {
+            fprintf(stderr, "maskserve-worker: %s\n", err);
+            return 1;
+        }
+    }
+
+    if (msv_weights_check(&cfg, &w, err, sizeof(err)) != 0) {
+        fprintf(stderr, "maskserve-worker: %s\n", err);
+        return 1;
+    }
+
+    msv_info("%d tensors ready in %.1f s", w.n,
+             (double) (msv_now_ns() - t0) / 1e9);
+
+    if (o.max_model_len == 0) {
+        o.max_model_len = cfg.max_pos < 32768 ? cfg.max_pos : 32768;
+    }
+    if (o.max_model_len > cfg.max_pos) {
+        fprintf(stderr, "maskserve-worker: --max-model-len %u exceeds the "
+                "model's max_position_embeddings %u\n", o.max_model_len,
+                cfg.max_pos);
+        return 1;
+    }
+
+    /* backend */
+    use_cuda = strcmp(o.backend, "cuda") == 0
+               || (strcmp(o.backend, "auto") == 0 && msv_cuda_available());
+    ops = use_cuda ? msv_backend_cuda() : &msv_backend_cpu;
+    if (ops == NULL) {
+        fprintf(stderr, "maskserve-worker: --backend cuda: this build has no "
+                "CUDA backend (nvcc was not found at build time)\n");
+        return 1;
+    }
+    if (use_cuda && !msv_cuda_available()) {
+        fprintf(stderr, "maskserve-worker: --backend cuda: no usable GPU\n");
+        return 1;
+    }
+
+    be = ops->create(&cfg, &w, o.max_num_seqs, o.max_model_len, o.kv_tokens,
+                     o.threads, err, sizeof(err));
+    if (be == NULL) {
+        fprintf(stderr, "maskserve-worker: %s backend: %s\n", ops->name, err);
+        return 1;
+    }
+    msv_info("%s backend ready: %u sequences x %u tokens, %llu KV tokens",
+             ops->name, o.max_num_seqs, o.max_model_len,
+             (unsigned long long) ops->kv_free(be));
+
+    /* region */
+    memset(&lay, 0, sizeof(lay));
+    lay.n_slots = o.max_num_seqs;
+    lay.n_readers = MSV_MAX_READERS;
+    lay.vocab_size = cfg.vocab_size;
+    lay.max_model_len = o.max_model_len;
+    lay.max_logprobs = o.max_logprobs;
+    lay.n_eos = cfg.n_eos;
+    memcpy(lay.eos_ids, cfg.eos_ids, sizeof(lay.eos_ids));
+    lay.ring_bytes = o.ring_bytes;
+    lay.model = o.model_dir != NULL ? o.model_dir : cfg.name;
+    lay.backend = ops->name;
+
+    if (msv_region_create(&rg, o.shm, &lay, err, sizeof(err)) != 0) {
+        fprintf(stderr, "maskserve-worker: %s\n", err);
+        ops->destroy(be);
+        return 1;
+    }
+
+    msv_hb_ctrl = rg.ctrl;
+    atomic_store(&rg.ctrl->heartbeat_ns, msv_now_ns());
+    if (pthread_create(&hb, NULL, msv_heartbeat_main, NULL) != 0) {
+        fprintf(stderr, "maskserve-worker: cannot start heartbeat thread\n");
+        return 1;
+    }
+    pthread_detach(hb);
+
+    if (msv_ipc_init(&ipc, rg.ctrl, &prod, (uint64_t) (o.reader_timeout * 1e9),
+                     &msv_stop, err, sizeof(err)) != 0)
+    {
+        fprintf(stderr, "maskserve-worker: %s\n", err);
+        msv_region_unlink(o.shm);
+        return 1;
+    }
+
+    msv_producer_init(&prod, rg.ctrl, msv_ipc_ring_wait, &ipc);
+
+    if (o.has_seed) {
+        seed = o.seed;
+    } else {
+        seed = rg.ctrl->generation ^ msv_now_ns();
+    }
+
+    if (msv_sched_init(&sched, rg.ctrl, ops, be, &prod, o.max_batched, seed)
+        != 0)
+    {
+        fprintf(stderr, "maskserve-worker: %s\n", sched.err);
+        msv_region_unlink(o.shm);
+        return 1;
+    }
+    ipc.forget = msv_forget;
+    ipc.forget_ud = &sched;
+
+    atomic_store_explicit(&rg.ctrl->state, MSV_WORKER_READY,
+                          memory_order_release);
+    msv_info("ready: region /%s, socket %s, generation %016llx, vocab %u",
+             o.shm, rg.ctrl->sock_path,
+             (unsigned long long) rg.ctrl->generation, cfg.vocab_size);
+
+    /* serve */
+    rc = 0;
+    while (!msv_stop) {
+        msv_ipc_poll(&ipc, msv_sched_pending(&sched) ? 0 : 100);
+        if (msv_stop) {
+            break;
+        }
+        if (msv_sched_step(&sched) < 0) {
+            msv_err("fatal: %s", sched.err);
+            rc = 1;
+            break;
+        }
+    }
+
+    /* drain */
+    msv_info("stopping: aborting %u requests", msv_sched_pending(&sched));
+    atomic_store(&rg.ctrl->state, MSV_WORKER_DRAINING);
+    if (rc == 0 && msv_sched_abort_all(&sched, MSV_ABORT_SHUTDOWN) == 0) {
+        t0 = msv_now_ns();
+        head = atomic_load(&rg.ctrl->head);
+        while (msv_stop < 2 && msv_ipc_readers(&ipc) > 0
+               && msv_ring_min_tail(rg.ctrl, head) < head
+               && msv_now_ns() - t0 < (uint64_t) (o.drain_timeout * 1e9))
+        {
+            msv_ipc_poll(&ipc, 10);
+        }
+    } else if (rc != 0) {
+        msv_sched_abort_all(&sched, MSV_ABORT_INTERNAL);
+    }
+
+    atomic_store(&rg.ctrl->state, MSV_WORKER_STOPPED);
+    msv_ipc_close(&ipc);
+    msv_region_unlink(o.shm);
+    msv_info("stopped after %llu steps, %llu tokens",
+             (unsigned long long) atomic_load(&rg.ctrl->steps),
+             (unsigned long long) atomic_load(&rg.ctrl->tokens));
+
+    msv_sched_free(&sched);
+    ops->destroy(be);
+    msv_weights_free(&w);
+    return rc;
+}

@@ -1,0 +1,666 @@
+/*
+ * scheduler.c: continuous batching over the slot table.
+ *
+ * Each iteration: pick up SUBMITTED slots (FIFO by submission time) while
+ * a sequence entry and KV pages for prompt + max output are available;
+ * turn cancels into abort rows; run one forward over the decoding
+ * sequences (one token each) and prefill chunks (up to max_batched tokens
+ * per step); sample; publish one record of rows.  KV pages for a request
+ * are reserved in full at admission, so a running request never stalls
+ * for memory and memory does not grow with output length: rows leave
+ * through the ring as they are made.
+ */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../shm/msv_region.h"
+#include "../shm/msv_ring.h"
+#include "../shm/msv_slots.h"
+#include "log.h"
+#include "scheduler.h"
+
+
+static uint64_t
+msv_splitmix64(uint64_t *x)
+{
+    uint64_t  z = (*x += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+
+/* Move a slot between states, keeping its owner pid.  0 if it moved. */
+static int
+msv_slot_move(struct msv_slot *sl, uint32_t from, uint32_t to)
+{
+    uint64_t  w = atomic_load_explicit(&sl->state, memory_order_relaxed);
+
+    if (MSV_STATE_OF(w) != from) {
+        return -1;
+    }
+
+    /*
+     * R-slot: release, so the worker-written fields (seed_used, finish,
+     * times) are visible to a reader that acquires this state word;
+     * pairs with the acquire loads in msv_slot_release/msv_slot_state.
+     */
+    return atomic_compare_exchange_strong_explicit(&sl->state, &w,
+               MSV_STATE_WORD(MSV_PID_OF(w), to), memory_order_acq_rel,
+               memory_order_relaxed) ? 0 : -1;
+}
+
+
+int
+msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
+    const struct msv_backend_ops *ops, struct msv_backend *be,
+    struct msv_producer *prod, uint32_t max_batched, uint64_t seed)
+{
+    uint32_t  i, n;
+
+    memset(s, 0, sizeof(*s));
+    s->c = c;
+    s->ops = ops;
+    s->be = be;
+    s->prod = prod;
+    s->n_slots = n = c->n_slots;
+    s->vocab = c->vocab_size;
+    s->max_len = c->max_model_len;
+    s->max_batched = max_batched < n ? n : max_batched;
+    s->n_eos = c->n_eos;
+    memcpy(s->eos, c->eos_ids, sizeof(s->eos));
+    s->seed_state = seed;
+
+    s->smp = msv_sampler_new(s->vocab);
+    s->seqs = calloc(n, sizeof(struct msv_seq));
+    s->logits = malloc((size_t) n * s->vocab * sizeof(float));
+    s->b_seq = malloc(n * sizeof(uint32_t));
+    s->b_new = malloc(n * sizeof(uint32_t));
+    s->b_pos0 = malloc(n * sizeof(uint32_t));
+    s->b_order = malloc(n * sizeof(uint32_t));
+    s->b_tok = malloc((size_t) (s->max_batched + n) * sizeof(int32_t));
+
+    if (s->smp == NULL || s->seqs == NULL || s->logits == NULL
+        || s->b_seq == NULL || s->b_new == NULL || s->b_pos0 == NULL
+        || s->b_order == NULL || s->b_tok == NULL)
+    {
+        snprintf(s->err, sizeof(s->err), "out of memory for the scheduler");
+        return -1;
+    }
+
+    for (i = 0; i < n; i++) {
+        s->seqs[i].slot = i;
+        s->seqs[i].toks = malloc((size_t) s->max_len * sizeof(int32_t));
+        s->seqs[i].bias = malloc(MSV_MAX_BIAS * sizeof(struct msv_bias));
+        if (s->seqs[i].toks == NULL || s->seqs[i].bias == NULL) {
+            snprintf(s->err, sizeof(s->err),
+                     "out of memory for %u sequences of %u tokens",
+                     n, s->max_len);
+            return -1;
+        }
+    }
+
+    return 0;
+}
+
+
+void
+msv_sched_free(struct msv_sched *s)
+{
+    uint32_t  i;
+
+    if (s->seqs != NULL) {
+        for (i = 0; i < s->n_slots; i++) {
+            free(s->seqs[i].toks);
+            free(s->seqs[i].bias);
+        }
+    }
+    free(s->seqs);
+    free(s->logits);
+    free(s->b_seq);
+    free(s->b_new);
+    free(s->b_pos0);
+    free(s->b_order);
+    free(s->b_tok);
+    if (s->smp != NULL) {
+        msv_sampler_free(s->smp);
+    }
+    memset(s, 0, sizeof(*s));
+}
+
+
+uint32_t
+msv_sched_pending(struct msv_sched *s)
+{
+    return s->n_active
+           + atomic_load_explicit(&s->c->waiting, memory_order_relaxed);
+}
+
+
+/* Write one row into the open record.  0, or -1 if the ring gave up. */
+static int
+msv_sched_row(struct msv_sched *s, uint32_t slot, uint64_t cookie,
+    int32_t token, uint32_t pos, uint32_t mode, const struct msv_sample_out *o,
+    uint32_t finish, uint32_t why)
+{
+    uint32_t         n_sup, n_lps, n_top, bytes;
+    struct msv_row  *w;
+    uint8_t         *p;
+
+    n_sup = 0;
+    n_lps = 0;
+    n_top = 0;
+
+    if (o != NULL) {
+        if (mode != MSV_MASK_OFF) {
+            n_sup = o->n_support;
+            n_lps = mode == MSV_MASK_SUPPORT ? n_sup : 1;
+        }
+        n_top = o->n_top;
+    }
+
+    bytes = msv_row_size(n_sup, n_lps, n_top);
+    w = msv_ring_reserve(s->prod, bytes);
+    if (w == NULL) {
+        snprintf(s->err, sizeof(s->err),
+                 "output ring: could not reserve %u bytes", bytes);
+        return -1;
+    }
+
+    memset(w, 0, sizeof(*w));
+    w->bytes = bytes;
+    w->slot = slot;
+    w->cookie = cookie;
+    w->token = token;
+    w->pos = pos;
+    w->n_support = n_sup;
+    w->n_lps = n_lps;
+    w->n_top = n_top;
+    w->logprob = o != NULL ? o->logprob : 0.0f;
+    w->finish = (uint8_t) finish;
+    w->abort_reason = (uint8_t) why;
+    w->mode = (uint8_t) mode;
+
+    p = (uint8_t *) (w + 1);
+    if (n_sup) {
+        memcpy(p, o->ids, 4 * (size_t) n_sup);
+        p += 4 * (size_t) n_sup;
+        if (mode == MSV_MASK_SUPPORT) {
+            memcpy(p, o->lps, 4 * (size_t) n_sup);
+        } else {
+            memcpy(p, &o->logprob, 4);
+        }
+        p += 4 * (size_t) n_lps;
+    }
+    if (n_top) {
+        memcpy(p, o->top, sizeof(struct msv_top) * n_top);
+        p += sizeof(struct msv_top) * n_top;
+    }
+    /* zero the alignment tail: rows are compared byte for byte */
+    memset(p, 0, (uint8_t *) w + bytes - p);
+
+    msv_ring_commit(s->prod, bytes, 1);
+    return 0;
+}
+
+
+/* End a request: slot state first, then its last row in the record. */
+static int
+msv_sched_finish(struct msv_sched *s, uint32_t slot, uint32_t from,
+    uint64_t cookie, int32_t token, uint32_t pos, uint32_t mode,
+    const struct msv_sample_out *o, uint32_t finish, uint32_t why)
+{
+    struct msv_slot  *sl = msv_slot_at(s->c, slot);
+    struct msv_seq   *q = &s->seqs[slot];
+
+    if (q->phase != MSV_SEQ_IDLE) {
+        s->ops->kv_release(s->be, slot);
+        q->phase = MSV_SEQ_IDLE;
+        s->n_active--;
+    }
+
+    sl->n_out = token >= 0 ? pos + 1 : pos;
+    sl->finish = finish;
+    sl->abort_reason = why;
+    sl->t_end_ns = msv_now_ns();
+
+    if (msv_slot_move(sl, from, finish == MSV_FINISH_ABORT
+                                ? MSV_SLOT_ABORTED : MSV_SLOT_FINISHED) != 0)
+    {
+        /* the owner died and the slot was reaped: nobody to tell */
+        return 0;
+    }
+
+    atomic_fetch_add_explicit(&s->c->requests_done, 1, memory_order_relaxed);
+
+    return msv_sched_row(s, slot, cookie, token, pos, mode, o, finish, why);
+}
+
+
+/* Defensive checks of a submitted slot (the reader validated already). */
+static int
+msv_sched_valid(struct msv_sched *s, struct msv_slot *sl)
+{
+    const struct msv_params  *p = &sl->params;
+    const int32_t            *prompt = msv_slot_prompt(s->c, sl);
+    const struct msv_bias    *b = msv_slot_bias(s->c, sl);
+    uint32_t                  i;
+
+    if (sl->n_prompt == 0 || sl->n_prompt >= s->max_len
+        || p->max_tokens == 0 || p->n_stop > MSV_MAX_STOP
+        || p->n_bias > MSV_MAX_BIAS || p->mask_mode > MSV_MASK_SUPPORT
+        || p->logprobs > (int32_t) s->c->max_logprobs || p->logprobs < -1
+        || !(p->temperature >= 0.0f) || !isfinite(p->temperature)
+        || !(p->top_p > 0.0f && p->top_p <= 1.0f)
+        || !(p->min_p >= 0.0f && p->min_p <= 1.0f)
+        || !(p->repetition_penalty > 0.0f)
+        || !isfinite(p->repetition_penalty)
+        || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+    {
+        return 0;
+    }
+
+    for (i = 0; i < sl->n_prompt; i++) {
+        if (prompt[i] < 0 || (uint32_t) prompt[i] >= s->vocab) {
+            return 0;
+        }
+    }
+    for (i = 0; i < p->n_stop; i++) {
+        if (p->stop_ids[i] < 0 || (uint32_t) p->stop_ids[i] >= s->vocab) {
+            return 0;
+        }
+    }
+    for (i = 0; i < p->n_bias; i++) {
+        if (b[i].id < 0 || (uint32_t) b[i].id >= s->vocab
+            || !isfinite(b[i].value))
+        {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+static int
+msv_cmp_submit(const void *a, const void *b, void *ud)
+{
+    struct msv_ctrl  *c = ud;
+    uint64_t          ta = msv_slot_at(c, *(const uint32_t *) a)->t_submit_ns;
+    uint64_t          tb = msv_slot_at(c, *(const uint32_t *) b)->t_submit_ns;
+
+    if (ta != tb) {
+        return ta < tb ? -1 : 1;
+    }
+    return *(const uint32_t *) a < *(const uint32_t *) b ? -1 : 1;
+}
+
+
+/* Admit SUBMITTED slots in submission order while resources allow. */
+static int
+msv_sched_admit(struct msv_sched *s)
+{
+    uint32_t          i, n, waiting, need;
+    uint64_t          w;
+    struct msv_seq   *q;
+    struct msv_slot  *sl;
+
+    n = 0;
+    for (i = 0; i < s->n_slots; i++) {
+        sl = msv_slot_at(s->c, i);
+        /*
+         * A-submit: acquire, pairs with the release store of SUBMITTED in
+         * msv_slot_submit: the slot's params and prompt written before it
+         * are visible after this load.
+         */
+        w = atomic_load_explicit(&sl->state, memory_order_acquire);
+        if (MSV_STATE_OF(w) == MSV_SLOT_SUBMITTED) {
+            s->b_order[n++] = i;
+        }
+    }
+
+    if (n > 1) {
+        qsort_r(s->b_order, n, sizeof(uint32_t), msv_cmp_submit, s->c);
+    }
+
+    waiting = n;
+    for (i = 0; i < n; i++) {
+        sl = msv_slot_at(s->c, s->b_order[i]);
+        q = &s->seqs[s->b_order[i]];
+
+        if (s->draining) {
+            break;
+        }
+
+        if (!msv_sched_valid(s, sl)) {
+            msv_warn("slot %u: invalid request \"%s\", aborted",
+                     q->slot, sl->request_id);
+            if (msv_sched_finish(s, q->slot, MSV_SLOT_SUBMITTED, sl->cookie,
+                                 -1, 0, MSV_MASK_OFF, NULL, MSV_FINISH_ABORT,
+                                 MSV_ABORT_INVALID) != 0)
+            {
+                return -1;
+            }
+            waiting--;
+            continue;
+        }
+
+        if (atomic_load_explicit(&sl->cancel, memory_order_relaxed)) {
+            if (msv_sched_finish(s, q->slot, MSV_SLOT_SUBMITTED, sl->cookie,
+                                 -1, 0, sl->params.mask_mode, NULL,
+                                 MSV_FINISH_ABORT, MSV_ABORT_CANCELLED) != 0)
+            {
+                return -1;
+            }
+            waiting--;
+            continue;
+        }
+
+        q->max_out = sl->params.max_tokens;
+        if (q->max_out > s->max_len - sl->n_prompt) {
+            q->max_out = s->max_len - sl->n_prompt;
+        }
+        need = sl->n_prompt + q->max_out;
+
+        if (s->ops->kv_reserve(s->be, q->slot, need) != 0) {
+            if (s->n_active == 0) {
+                /* nothing will ever free pages for it */
+                msv_warn("slot %u: %u tokens exceed the KV cache, aborted",
+                         q->slot, need);
+                if (msv_sched_finish(s, q->slot, MSV_SLOT_SUBMITTED,
+                                     sl->cookie, -1, 0, MSV_MASK_OFF, NULL,
+                                     MSV_FINISH_ABORT, MSV_ABORT_NO_KV) != 0)
+                {
+                    return -1;
+                }
+                waiting--;
+                continue;
+            }
+            break;      /* FIFO: later requests wait behind this one */
+        }
+
+        q->cookie = sl->cookie;
+        q->p = sl->params;
+        q->n_prompt = sl->n_prompt;
+        q->n_out = 0;
+        q->n_kv = 0;
+        memcpy(q->toks, msv_slot_prompt(s->c, sl),
+               (size_t) q->n_prompt * sizeof(int32_t));
+        memcpy(q->bias, msv_slot_bias(s->c, sl),
+               (size_t) q->p.n_bias * sizeof(struct msv_bias));
+        q->seed = q->p.has_seed ? q->p.seed
+                                : msv_splitmix64(&s->seed_state) >> 1;
+        sl->seed_used = q->seed;
+        sl->n_out = 0;
+        sl->t_start_ns = msv_now_ns();
+
+        if (msv_slot_move(sl, MSV_SLOT_SUBMITTED, MSV_SLOT_RUNNING) != 0) {
+            s->ops->kv_release(s->be, q->slot);    /* reaped meanwhile */
+            waiting--;
+            continue;
+        }
+
+        q->phase = MSV_SEQ_PREFILL;
+        s->n_active++;
+        waiting--;
+        msv_debug("slot %u: admitted \"%s\", %u prompt tokens, seed %llu",
+                  q->slot, sl->request_id, q->n_prompt,
+                  (unsigned long long) q->seed);
+    }
+
+    atomic_store_explicit(&s->c->waiting, waiting, memory_order_relaxed);
+    return 0;
+}
+
+
+static int
+msv_sched_is_stop(struct msv_sched *s, struct msv_seq *q, int32_t tok)
+{
+    uint32_t  i;
+
+    if (!q->p.ignore_eos) {
+        for (i = 0; i < s->n_eos; i++) {
+            if (s->eos[i] == tok) {
+                return 1;
+            }
+        }
+    }
+    for (i = 0; i < q->p.n_stop; i++) {
+        if (q->p.stop_ids[i] == tok) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+
+/* Sample from one sequence's logits and emit its row. */
+static int
+msv_sched_sample(struct msv_sched *s, struct msv_seq *q, float *logits)
+{
+    uint32_t               finish, pos;
+    struct msv_sample_out  o;
+    struct msv_sample_req  rq;
+
+    memset(&rq, 0, sizeof(rq));
+    rq.p = &q->p;
+    rq.bias = q->bias;
+    rq.seed = q->seed;
+    rq.t = q->n_out;
+    rq.prompt = q->toks;
+    rq.n_prompt = q->n_prompt;
+    rq.out = q->toks + q->n_prompt;
+    rq.eos = s->eos;
+    rq.n_eos = s->n_eos;
+
+    if (msv_sample(s->smp, logits, &rq, &o) != 0) {
+        msv_err("slot %u: sampler failed (non-finite logits?), aborted",
+                q->slot);
+        return msv_sched_finish(s, q->slot, MSV_SLOT_RUNNING, q->cookie, -1,
+                                q->n_out, MSV_MASK_OFF, NULL,
+                                MSV_FINISH_ABORT, MSV_ABORT_INTERNAL);
+    }
+
+    pos = q->n_out;
+    q->toks[q->n_prompt + q->n_out++] = o.token;
+
+    if (msv_sched_is_stop(s, q, o.token)) {
+        finish = MSV_FINISH_STOP;
+    } else if (q->n_out >= q->max_out) {
+        finish = MSV_FINISH_LENGTH;
+    } else {
+        finish = MSV_FINISH_NONE;
+    }
+
+    atomic_fetch_add_explicit(&s->c->tokens, 1, memory_order_relaxed);
+
+    if (finish != MSV_FINISH_NONE) {
+        return msv_sched_finish(s, q->slot, MSV_SLOT_RUNNING, q->cookie,
+                                o.token, pos, q->p.mask_mode, &o, finish,
+                                MSV_ABORT_NONE);
+    }
+
+    msv_slot_at(s->c, q->slot)->n_out = q->n_out;
+    q->phase = MSV_SEQ_DECODE;
+    return msv_sched_row(s, q->slot, q->cookie, o.token, pos, q->p.mask_mode,
+                         &o, MSV_FINISH_NONE, MSV_ABORT_NONE);
+}
+
+
+int
+msv_sched_step(struct msv_sched *s)
+{
+    int              did;
+    uint32_t         i, nb, ntok, budget, take, *out_row;
+    struct msv_seq  *q;
+    struct msv_slot *sl;
+    struct msv_batch b;
+
+    did = 0;
+    s->step++;
+    msv_ring_begin(s->prod, s->step);
+
+    if (msv_sched_admit(s) != 0) {
+        return -1;
+    }
+
+    /* cancels take effect at this step */
+    for (i = 0; i < s->n_slots; i++) {
+        q = &s->seqs[i];
+        if (q->phase == MSV_SEQ_IDLE) {
+            continue;
+        }
+        sl = msv_slot_at(s->c, i);
+        if (sl->cookie != q->cookie
+            || MSV_STATE_OF(atomic_load_explicit(&sl->state,
+                                                 memory_order_relaxed))
+               != MSV_SLOT_RUNNING)
+        {
+            msv_sched_forget(s, i);        /* reaped under us */
+            continue;
+        }
+        if (atomic_load_explicit(&sl->cancel, memory_order_relaxed)) {
+            did = 1;
+            if (msv_sched_finish(s, i, MSV_SLOT_RUNNING, q->cookie, -1,
+                                 q->n_out, q->p.mask_mode, NULL,
+                                 MSV_FINISH_ABORT, MSV_ABORT_CANCELLED) != 0)
+            {
+                return -1;
+            }
+        }
+    }
+
+    /* batch: every decoding sequence, then prefill chunks within budget */
+    nb = 0;
+    ntok = 0;
+    budget = s->max_batched;
+    out_row = s->b_order;      /* reused: batch index -> slot */
+
+    for (i = 0; i < s->n_slots; i++) {
+        q = &s->seqs[i];
+        if (q->phase != MSV_SEQ_DECODE) {
+            continue;
+        }
+        s->b_seq[nb] = i;
+        s->b_new[nb] = 1;
+        s->b_pos0[nb] = q->n_kv;
+        s->b_tok[ntok++] = q->toks[q->n_kv];
+        out_row[nb++] = i;
+        budget = budget > 0 ? budget - 1 : 0;
+    }
+
+    for (i = 0; i < s->n_slots && budget > 0; i++) {
+        q = &s->seqs[i];
+        if (q->phase != MSV_SEQ_PREFILL) {
+            continue;
+        }
+        take = q->n_prompt - q->n_kv;
+        if (take > budget) {
+            take = budget;
+        }
+        s->b_seq[nb] = i;
+        s->b_new[nb] = take;
+        s->b_pos0[nb] = q->n_kv;
+        memcpy(s->b_tok + ntok, q->toks + q->n_kv, take * sizeof(int32_t));
+        ntok += take;
+        budget -= take;
+        out_row[nb++] = i;
+    }
+
+    if (nb > 0) {
+        did = 1;
+        b.n_seqs = nb;
+        b.seq = s->b_seq;
+        b.n_new = s->b_new;
+        b.pos0 = s->b_pos0;
+        b.tokens = s->b_tok;
+        b.all_logits = 0;
+
+        if (s->ops->forward(s->be, &b, s->logits, s->err, sizeof(s->err))
+            != 0)
+        {
+            return -1;
+        }
+
+        for (i = 0; i < nb; i++) {
+            q = &s->seqs[out_row[i]];
+            q->n_kv += s->b_new[i];
+            if (q->phase == MSV_SEQ_PREFILL && q->n_kv < q->n_prompt) {
+                continue;           /* chunk of a longer prompt */
+            }
+            if (msv_sched_sample(s, q, s->logits + (size_t) i * s->vocab)
+                != 0)
+            {
+                return -1;
+            }
+        }
+
+        atomic_fetch_add_explicit(&s->c->steps, 1, memory_order_relaxed);
+    }
+
+    msv_ring_end(s->prod);
+
+    atomic_store_explicit(&s->c->running, s->n_active, memory_order_relaxed);
+    atomic_store_explicit(&s->c->kv_tokens_free, s->ops->kv_free(s->be),
+                          memory_order_relaxed);
+
+    return did;
+}
+
+
+void
+msv_sched_forget(struct msv_sched *s, uint32_t slot)
+{
+    struct msv_seq  *q = &s->seqs[slot];
+
+    if (q->phase == MSV_SEQ_IDLE) {
+        return;
+    }
+    s->ops->kv_release(s->be, slot);
+    q->phase = MSV_SEQ_IDLE;
+    s->n_active--;
+}
+
+
+int
+msv_sched_abort_all(struct msv_sched *s, uint32_t why)
+{
+    uint32_t          i, st;
+    struct msv_seq   *q;
+    struct msv_slot  *sl;
+
+    s->draining = 1;
+    s->step++;
+    msv_ring_begin(s->prod, s->step);
+
+    for (i = 0; i < s->n_slots; i++) {
+        q = &s->seqs[i];
+        sl = msv_slot_at(s->c, i);
+        st = MSV_STATE_OF(atomic_load_explicit(&sl->state,
+                                               memory_order_acquire));
+        if (st == MSV_SLOT_RUNNING && q->phase != MSV_SEQ_IDLE) {
+            if (msv_sched_finish(s, i, MSV_SLOT_RUNNING, q->cookie, -1,
+                                 q->n_out, q->p.mask_mode, NULL,
+                                 MSV_FINISH_ABORT, why) != 0)
+            {
+                return -1;
+            }
+        } else if (st == MSV_SLOT_SUBMITTED) {
+            if (msv_sched_finish(s, i, MSV_SLOT_SUBMITTED, sl->cookie, -1, 0,
+                                 sl->params.mask_mode, NULL,
+                                 MSV_FINISH_ABORT, why) != 0)
+            {
+                return -1;
+            }
+        }
+    }
+
+    msv_ring_end(s->prod);
+    atomic_store_explicit(&s->c->running, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->c->waiting, 0, memory_order_relaxed);
+    return 0;
+}

@@ -1,0 +1,97 @@
+/*
+ * scheduler.h: continuous batching.  Requests come from the slot table, run
+ * as sequences on the backend, and leave as rows through the ring.
+ */
+
+#ifndef MSV_SCHEDULER_H
+#define MSV_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "../shm/msv_ring.h"
+#include "../shm/msv_shm.h"
+#include "backend.h"
+#include "sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum msv_seq_phase {
+    MSV_SEQ_IDLE    = 0,
+    MSV_SEQ_PREFILL = 1,     /* prompt not fully in the KV yet */
+    MSV_SEQ_DECODE  = 2
+};
+
+struct msv_seq {
+    int                 phase;      /* enum msv_seq_phase */
+    uint32_t            slot;       /* == index; also the KV owner id */
+    uint64_t            cookie;
+    struct msv_params   p;
+    struct msv_bias    *bias;       /* [MSV_MAX_BIAS], copied at admit */
+    int32_t            *toks;       /* [max_len]: prompt, then outputs */
+    uint32_t            n_prompt;
+    uint32_t            n_out;
+    uint32_t            n_kv;       /* tokens already in the KV cache */
+    uint32_t            max_out;    /* max_tokens clipped to max_len */
+    uint64_t            seed;
+};
+
+struct msv_sched {
+    struct msv_ctrl                *c;
+    const struct msv_backend_ops   *ops;
+    struct msv_backend             *be;
+    struct msv_sampler             *smp;
+    struct msv_producer            *prod;
+
+    struct msv_seq                 *seqs;       /* [n_slots] */
+    uint32_t                        n_slots;
+    uint32_t                        vocab;
+    uint32_t                        max_len;
+    uint32_t                        max_batched; /* tokens per step */
+    int32_t                         eos[MSV_MAX_EOS];
+    uint32_t                        n_eos;
+
+    /* batch scratch */
+    float                          *logits;     /* [n_slots][vocab] */
+    uint32_t                       *b_seq;
+    uint32_t                       *b_new;
+    uint32_t                       *b_pos0;
+    int32_t                        *b_tok;
+    uint32_t                       *b_order;    /* FIFO admission */
+
+    uint64_t                        step;
+    uint64_t                        seed_state;
+    uint32_t                        n_active;
+    int                             draining;
+    char                            err[256];
+};
+
+int msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
+    const struct msv_backend_ops *ops, struct msv_backend *be,
+    struct msv_producer *prod, uint32_t max_batched, uint64_t seed);
+void msv_sched_free(struct msv_sched *s);
+
+/*
+ * One scheduler iteration: admit submitted requests, honour cancels, run
+ * one model step over the running sequences, sample, publish the rows.
+ * Returns 1 if it did anything, 0 if there was nothing to do, -1 on a
+ * fatal error (s->err).
+ */
+int msv_sched_step(struct msv_sched *s);
+
+/* Requests waiting for admission or running. */
+uint32_t msv_sched_pending(struct msv_sched *s);
+
+/* A reader died: its slots are already freed; forget their sequences. */
+void msv_sched_forget(struct msv_sched *s, uint32_t slot);
+
+/* Shutdown: abort every submitted and running request (abort rows with
+ * reason `why`), published in one record. */
+int msv_sched_abort_all(struct msv_sched *s, uint32_t why);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MSV_SCHEDULER_H */
