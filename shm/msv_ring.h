@@ -34,6 +34,8 @@ struct msv_producer {
     uint32_t          rec_bytes;    /* header + rows so far */
     uint32_t          rec_rows;
     uint32_t          reserved;     /* bytes of the last reserve */
+    uint64_t          limit;        /* writable below this (cached
+                                       min tail + cap) */
     msv_wait_fn       wait;
     void             *wait_ud;
     int               wake_fd[MSV_MAX_READERS];   /* -1: none */
@@ -54,7 +56,9 @@ void msv_ring_begin(struct msv_producer *p, uint64_t seq);
  */
 void *msv_ring_reserve(struct msv_producer *p, uint32_t bytes);
 
-/* The caller wrote `bytes` (<= reserved) holding n_rows rows. */
+/* The caller wrote `bytes` (<= reserved) holding n_rows rows.  The rows
+ * are checked (each row's bytes == msv_row_size of its counts); bad ones
+ * are dropped with a message on stderr. */
 void msv_ring_commit(struct msv_producer *p, uint32_t bytes,
     uint32_t n_rows);
 
@@ -74,8 +78,12 @@ struct msv_consumer {
     const uint8_t      *data;
     uint64_t            cap;
     uint64_t            tail;       /* private copy of me->tail */
+    uint64_t            word;       /* me->state when attached: any
+                                       change means we were evicted */
 };
 
+/* Call once the entry is ATTACHED (msv_attach does): the state word
+ * seen here is how msv_consume notices an eviction later. */
 void msv_consumer_init(struct msv_consumer *k, struct msv_ctrl *c,
     uint32_t reader, uint64_t tail);
 
@@ -83,8 +91,9 @@ void msv_consumer_init(struct msv_consumer *k, struct msv_ctrl *c,
  * Read every record published since the last call, call fn for each row
  * (the row is valid only during the call), and release the tail after
  * each record.  Returns the number of rows, or -1 if a record is
- * malformed (the reader should detach: the region is not what it
- * thinks).  A non-zero return from fn stops early, -1 as well.
+ * malformed or this reader was evicted (the reader should detach: the
+ * region is not what it thinks).  A non-zero return from fn stops early,
+ * -1 as well; the tail then stays before that record.
  */
 long msv_consume(struct msv_consumer *k, msv_row_fn fn, void *ud);
 

@@ -69,6 +69,11 @@ extern const struct msv_backend_ops msv_backend_cpu;
 const struct msv_backend_ops *msv_backend_cuda(void);
 int msv_cuda_available(void);
 
+/* Provided by kernels/ (C linkage) when built with MSV_HAVE_CUDA; the
+ * two functions above forward to them. */
+const struct msv_backend_ops *msv_backend_cuda_ops(void);
+int msv_cuda_device_count(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -84,11 +84,14 @@ msv_ipc_init(struct msv_ipc *x, struct msv_ctrl *c,
 static void
 msv_ipc_evict(struct msv_ipc *x, uint32_t i, const char *why)
 {
+    int32_t   pid;
     uint32_t  slots[256], n, k, total;
     uint64_t  w = atomic_load_explicit(&msv_reader_at(x->c, i)->state,
                                        memory_order_relaxed);
 
-    msv_info("reader %u (pid %d) detached: %s", i, (int) MSV_PID_OF(w), why);
+    /* a reader that detached cleanly has already cleared its entry */
+    pid = MSV_STATE_OF(w) != MSV_READER_FREE ? MSV_PID_OF(w) : x->pid[i];
+    msv_info("reader %u (pid %d) detached: %s", i, (int) pid, why);
 
     if (x->conn[i] >= 0) {
         epoll_ctl(x->epfd, EPOLL_CTL_DEL, x->conn[i], NULL);
@@ -100,6 +103,15 @@ msv_ipc_evict(struct msv_ipc *x, uint32_t i, const char *why)
         x->prod->wake_fd[i] = -1;
     }
 
+    if (MSV_STATE_OF(w) != MSV_READER_FREE && MSV_PID_OF(w) != x->pid[i]
+        && x->pid[i] != 0)
+    {
+        /* the entry was freed by its reader and already claimed by
+         * another process: that one's entry and slots are not ours */
+        x->pid[i] = 0;
+        return;
+    }
+    x->pid[i] = 0;
     msv_reader_evict(x->c, i);
 
     total = 0;
@@ -170,6 +182,7 @@ msv_ipc_accept(struct msv_ipc *x)
         }
 
         x->conn[h.reader] = conn;
+        x->pid[h.reader] = h.pid;
         x->prod->wake_fd[h.reader] = evfd;
 
         ev.events = EPOLLIN | EPOLLRDHUP;

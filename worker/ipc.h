@@ -23,6 +23,7 @@ struct msv_ipc {
     int                    lfd;        /* listening socket */
     int                    evfd;       /* readers kick it after submit */
     int                    conn[MSV_MAX_READERS];
+    int32_t                pid[MSV_MAX_READERS];    /* at attach */
     uint64_t               last_sweep_ns;
     uint64_t               last_wait_log_ns;
     uint64_t               reader_timeout_ns;

@@ -65,6 +65,8 @@ struct msv_tensor {
     int64_t      shape[4];
     const void  *data;           /* host memory: mmap or malloc */
     size_t       bytes;
+    int          file;           /* index into msv_weights.files, -1 if
+                                    generated */
 };
 
 struct msv_weights {
@@ -73,6 +75,12 @@ struct msv_weights {
     void              **maps;    /* mmaps/mallocs owned, freed by free */
     size_t             *map_bytes;
     int                 n_maps;
+    char              **files;   /* paths of the files the tensors come
+                                    from (owned) */
+    int                 n_files;
+    char                source[512];  /* what was loaded: the single
+                                         file, the index file, or
+                                         "dummy weights (seed N)" */
 };
 
 /* Parse config.json.  Errors name the file and the field. */
@@ -83,14 +91,28 @@ int msv_config_load(const char *path, struct msv_model_config *cfg,
 int msv_config_preset(const char *preset, struct msv_model_config *cfg,
     char *err, size_t errlen);
 
+/* Parameters the config implies (embeddings, lm_head unless tied,
+ * every layer, norms). */
+uint64_t msv_config_n_params(const struct msv_model_config *cfg);
+
+const char *msv_arch_name(int arch);
+const char *msv_dtype_name(int dtype);
+
 /* Load <dir>/model.safetensors or <dir>/model.safetensors.index.json
  * shards (mmap).  Errors name the file (and the tensor). */
 int msv_weights_load(const char *dir, struct msv_weights *w, char *err,
     size_t errlen);
 
-/* Random weights with the config's shapes, deterministic in seed. */
+/* Random weights with the config's shapes, deterministic in seed:
+ * projections N(0, 1/in_features), embeddings and lm_head
+ * N(0, 4/hidden), biases N(0, 0.02^2), norms 1 (docs/MODELS.md).  F32
+ * when the model is at most 1 GiB in fp32, BF16 above that (see
+ * msv_config_dummy_dtype). */
 int msv_weights_dummy(const struct msv_model_config *cfg, uint64_t seed,
     struct msv_weights *w, char *err, size_t errlen);
+
+/* The dtype msv_weights_dummy stores for this config. */
+int msv_config_dummy_dtype(const struct msv_model_config *cfg);
 
 /* Check that every tensor the architecture needs is there with the
  * right shape and a supported dtype. */
