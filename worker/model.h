@@ -72,7 +72,9 @@ struct msv_tensor {
 struct msv_weights {
     struct msv_tensor  *t;
     int                 n;
-    void              **maps;    /* mmaps/mallocs owned, freed by free */
+    void              **maps;    /* mappings owned (files, or anonymous
+                                    for dummy weights), unmapped by
+                                    msv_weights_free */
     size_t             *map_bytes;
     int                 n_maps;
     char              **files;   /* paths of the files the tensors come
@@ -87,7 +89,9 @@ struct msv_weights {
 int msv_config_load(const char *path, struct msv_model_config *cfg,
     char *err, size_t errlen);
 
-/* Built-in shapes: "tiny", "qwen3-8b", ... (dummy weights). */
+/* Built-in shapes for dummy weights: "tiny", "qwen3-0.6b", "qwen3-8b",
+ * "llama3-8b" (docs/MODELS.md), or a path ending in ".json": that config
+ * file.  cfg->dtype is set to what msv_weights_dummy will store. */
 int msv_config_preset(const char *preset, struct msv_model_config *cfg,
     char *err, size_t errlen);
 

@@ -9,16 +9,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#define TAP_FN static __attribute__((unused))
+
 static int tap_n, tap_failed;
 
-static void
+TAP_FN void
 tap_plan(int n)
 {
     printf("1..%d\n", n);
     fflush(stdout);
 }
 
-static int
+TAP_FN int
 tap_ok(int cond, const char *fmt, ...)
 {
     va_list  ap;
@@ -36,7 +38,7 @@ tap_ok(int cond, const char *fmt, ...)
     return cond;
 }
 
-static void
+TAP_FN void
 tap_diag(const char *fmt, ...)
 {
     va_list  ap;
@@ -50,7 +52,7 @@ tap_diag(const char *fmt, ...)
 }
 
 /* Call at the end when no plan was given up front. */
-static int
+TAP_FN int
 tap_done(void)
 {
     printf("1..%d\n", tap_n);
