@@ -9,6 +9,8 @@ CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -pthread -fPIC
 CPPFLAGS += -D_GNU_SOURCE -Ishm -Iworker
 LDLIBS   += -lyajl -lm -lpthread -lrt
 B        := build
+PORT     ?= 8080
+MODEL    ?=
 
 SHM_SRC    := $(wildcard shm/*.c)
 WORKER_SRC := $(filter-out worker/main.c,$(wildcard worker/*.c))
@@ -86,11 +88,11 @@ deps:
 
 test: deps
 	$(MAKE) all
-	prove -v $(TESTS) t/*.t
+	MSV_BUILD=$(abspath $(B)) prove $(TESTS) t/*.t
 
 run: deps
 	$(MAKE) all
-	sh tools/run.sh
+	B=$(abspath $(B)) MODEL=$(MODEL) PORT=$(PORT) sh tools/run.sh
 
 clean:
 	rm -rf $(B)

@@ -366,14 +366,8 @@ main(int argc, char **argv)
         }
 
     } else {
-        size_t  n = strlen(o.dummy);
-
-        if (n > 5 && strcmp(o.dummy + n - 5, ".json") == 0) {
-            rc = msv_config_load(o.dummy, &cfg, err, sizeof(err));
-        } else {
-            rc = msv_config_preset(o.dummy, &cfg, err, sizeof(err));
-        }
-        if (rc != 0) {
+        /* a preset name, or a config.json path: shapes for dummy weights */
+        if (msv_config_preset(o.dummy, &cfg, err, sizeof(err)) != 0) {
             fprintf(stderr, "maskserve-worker: %s\n", err);
             return 1;
         }

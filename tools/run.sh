@@ -1,0 +1,141 @@
+#!/bin/sh
+# run.sh: start the whole stack in the foreground (make run).
+#
+#   redis-server on 127.0.0.1:$REDIS_PORT (default 6390, no persistence)
+#   one worker: region $SHM (default maskserve-0); the CUDA backend when a
+#     GPU is usable, else the CPU backend; $MODEL (a Hugging Face
+#     checkpoint directory) or the dummy `tiny` model
+#   nginx (the stock binary) with the module, on 127.0.0.1:$PORT (8080)
+#
+# Runtime files (logs, nginx.conf, pid files) go to build/run/.  Ctrl-C
+# (or SIGTERM) stops everything.
+set -eu
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+B=${B:-$root/build}
+run=$B/run
+PORT=${PORT:-8080}
+REDIS_PORT=${REDIS_PORT:-6390}
+SHM=${SHM:-maskserve-0}
+MODEL=${MODEL:-}
+so=$B/nginx/src/objs/ngx_http_maskserve_module.so
+
+mkdir -p "$run/logs" "$run/tmp"
+
+for f in "$B/maskserve-worker" "$so"; do
+    [ -e "$f" ] || { echo "run.sh: $f is missing: run make first" >&2; exit 1; }
+done
+
+pids=""
+cleanup() {
+    trap - INT TERM EXIT
+    [ -f "$run/nginx.pid" ] && kill -QUIT "$(cat "$run/nginx.pid")" 2>/dev/null
+    for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    echo "maskserve: stopped"
+}
+trap cleanup INT TERM EXIT
+
+# Redis
+redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' \
+    --appendonly no --dir "$run" > "$run/logs/redis.log" 2>&1 &
+pids="$pids $!"
+
+# worker
+if [ -n "$MODEL" ]; then
+    src="--model $MODEL"
+else
+    src="--dummy tiny"
+fi
+# shellcheck disable=SC2086
+"$B/maskserve-worker" $src --backend auto --shm "$SHM" \
+    2> "$run/logs/worker.log" &
+wpid=$!
+pids="$pids $wpid"
+
+i=0
+until grep -q "ready: region" "$run/logs/worker.log" 2>/dev/null; do
+    i=$((i + 1))
+    if ! kill -0 "$wpid" 2>/dev/null || [ $i -gt 6000 ]; then
+        echo "maskserve: the worker did not start:" >&2
+        tail -n 20 "$run/logs/worker.log" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
+
+# nginx
+cat > "$run/nginx.conf" <<EOF
+load_module $so;
+
+worker_processes  2;
+error_log         $run/logs/error.log info;
+pid               $run/nginx.pid;
+
+events {
+    worker_connections  4096;
+}
+
+http {
+    access_log  $run/logs/access.log;
+    client_body_temp_path  $run/tmp/body;
+    proxy_temp_path        $run/tmp/proxy;
+    fastcgi_temp_path      $run/tmp/fastcgi;
+    uwsgi_temp_path        $run/tmp/uwsgi;
+    scgi_temp_path         $run/tmp/scgi;
+
+    maskserve_redis  127.0.0.1:$REDIS_PORT;
+
+    server {
+        listen  127.0.0.1:$PORT;
+
+        location = /inference/v1/generate {
+            maskserve_generate;
+            maskserve_worker  $SHM;
+        }
+        location = /inference/v1/abort {
+            maskserve_abort;
+            maskserve_worker  $SHM;
+        }
+        location /inference/v1/requests/ {
+            maskserve_request_status;
+            maskserve_worker  $SHM;
+        }
+        location = /health {
+            maskserve_health;
+            maskserve_worker  $SHM;
+        }
+    }
+}
+EOF
+
+/usr/sbin/nginx -p "$run" -c "$run/nginx.conf" -t -q
+/usr/sbin/nginx -p "$run" -c "$run/nginx.conf"
+
+i=0
+until curl -fsS "http://127.0.0.1:$PORT/health" > /dev/null 2>&1; do
+    i=$((i + 1))
+    [ $i -gt 100 ] && { echo "maskserve: nginx did not become healthy" >&2;
+                        tail -n 20 "$run/logs/error.log" >&2; exit 1; }
+    sleep 0.1
+done
+
+example='{"token_ids": [1, 2, 3, 4], "sampling_params": {"max_tokens": 4, "temperature": 1.0, "top_k": 8, "seed": 7}, "return_sampling_mask": true, "sampling_logprobs_mode": "support"}'
+
+cat <<EOF
+
+maskserve is up: nginx on 127.0.0.1:$PORT, worker region $SHM, redis on 127.0.0.1:$REDIS_PORT
+logs in $run/logs/.  Try:
+
+  curl -s http://127.0.0.1:$PORT/inference/v1/generate \\
+       -H 'Content-Type: application/json' \\
+       -d '$example'
+
+EOF
+curl -s "http://127.0.0.1:$PORT/inference/v1/generate" \
+     -H 'Content-Type: application/json' -d "$example"
+echo
+echo
+echo "Ctrl-C stops the stack."
+
+wait "$wpid"
