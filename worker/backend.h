@@ -60,6 +60,11 @@ struct msv_backend_ops {
         float *logits, char *err, size_t errlen);
 
     void (*destroy)(struct msv_backend *b);
+
+    /* Optional: host memory the backend writes logits into fastest
+     * (pinned for the GPU).  NULL: malloc and free. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
 };
 
 extern const struct msv_backend_ops msv_backend_cpu;

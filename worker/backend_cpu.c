@@ -159,7 +159,9 @@ const struct msv_backend_ops  msv_backend_cpu = {
     msv_cpu_kv_release,
     msv_cpu_kv_free,
     msv_cpu_forward,
-    msv_cpu_destroy
+    msv_cpu_destroy,
+    NULL,                       /* host_alloc: malloc */
+    NULL                        /* host_free */
 };
 
 

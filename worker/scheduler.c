@@ -77,7 +77,9 @@ msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
 
     s->smp = msv_sampler_new(s->vocab);
     s->seqs = calloc(n, sizeof(struct msv_seq));
-    s->logits = malloc((size_t) n * s->vocab * sizeof(float));
+    s->logits = ops->host_alloc != NULL
+                ? ops->host_alloc((size_t) n * s->vocab * sizeof(float))
+                : malloc((size_t) n * s->vocab * sizeof(float));
     s->b_seq = malloc(n * sizeof(uint32_t));
     s->b_new = malloc(n * sizeof(uint32_t));
     s->b_pos0 = malloc(n * sizeof(uint32_t));
@@ -120,7 +122,11 @@ msv_sched_free(struct msv_sched *s)
         }
     }
     free(s->seqs);
-    free(s->logits);
+    if (s->logits != NULL && s->ops->host_free != NULL) {
+        s->ops->host_free(s->logits);
+    } else {
+        free(s->logits);
+    }
     free(s->b_seq);
     free(s->b_new);
     free(s->b_pos0);

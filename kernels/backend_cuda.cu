@@ -1,0 +1,1208 @@
+/*
+ * backend_cuda.cu: the CUDA backend (struct msv_backend_ops).
+ *
+ * Weights are uploaded once at create: matrices stay bf16 when the
+ * checkpoint tensor is bf16 and become fp32 otherwise (fp32 as is, fp16
+ * widened); norms and biases are fp32.  q/k/v and gate/up are fused into
+ * one matrix each.  The residual stream and every intermediate are fp32;
+ * products with bf16 weights read the activations split into bf16 hi +
+ * lo (MSV_ACT_BF16X2, the default) or rounded to bf16
+ * (MSV_CUDA_ACT=bf16).  KV is fp32 in pages of MSV_KV_BLOCK tokens.
+ */
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "model.h"
+#include "backend_cuda.h"
+#include "cuda_common.cuh"
+#include "norm.cuh"
+#include "rope.cuh"
+#include "attention.cuh"
+#include "elementwise.cuh"
+#include "gemm.cuh"
+
+#define MSV_LM_CHUNK     512           /* logits rows per lm_head product */
+#define MSV_ALIGN_TOKENS 64            /* scratch grows in these steps */
+#define MSV_UPLOAD_CHUNK (1u << 22)    /* elements converted at a time */
+
+struct msv_cuda_layer {
+    float            *attn_norm;       /* [hidden] */
+    float            *ffn_norm;        /* [hidden] */
+    float            *q_norm;          /* [head_dim], Qwen3, else NULL */
+    float            *k_norm;
+    float            *qkv_bias;        /* [(nh + 2 nkv) hd], Qwen2 */
+    struct msv_dmat   qkv;             /* [(nh + 2 nkv) hd][hidden] */
+    struct msv_dmat   o;               /* [hidden][nh hd] */
+    struct msv_dmat   gate_up;         /* [2 inter][hidden] */
+    struct msv_dmat   down;            /* [hidden][inter] */
+};
+
+struct msv_backend {
+    struct msv_model_config   cfg;
+    uint32_t                  max_seqs;
+    uint32_t                  max_len;
+    int                       split;   /* bf16 products read hi + lo */
+    cudaStream_t              stream;
+    cublasHandle_t            cublas;
+
+    void                     *embed;   /* [vocab][hidden] */
+    int                       embed_dtype;
+    struct msv_dmat           lm_head; /* may share embed's memory */
+    float                    *final_norm;
+    float                    *inv_freq;        /* [head_dim / 2] */
+    struct msv_cuda_layer    *layers;
+
+    /* KV: [layer][k, v][page][kv head][MSV_KV_BLOCK][head_dim] fp32 */
+    float                    *kv;
+    uint32_t                  n_pages;
+    size_t                    page_floats;
+    uint32_t                 *free_pages;      /* stack of free page ids */
+    uint32_t                  n_free;
+    uint32_t                  pages_per_seq;
+    uint32_t                 *seq_pages;       /* [max_seqs][pages_per_seq] */
+    uint32_t                 *seq_n_pages;
+    uint32_t                 *seq_len;         /* tokens written to KV */
+    uint32_t                 *seq_stamp;       /* duplicate check */
+    uint32_t                  stamp;
+
+    /* scratch for cap_tokens tokens, grown on demand */
+    uint32_t                  cap_tokens;
+    float                    *x;               /* [T][hidden] residual */
+    float                    *qkv;             /* [T][(nh + 2 nkv) hd] */
+    float                    *att;             /* [T][nh hd] */
+    float                    *gu;              /* [T][2 inter] */
+    void                     *act;             /* [T][max in] x 4 bytes */
+    float                    *tmp;             /* BF16X2 products */
+    float                    *logits;          /* [chunk][vocab] */
+
+    /* batch description, pinned host copy and device copy (int32) */
+    int32_t                  *meta_h;
+    int32_t                  *meta_d;
+    size_t                    meta_cap;
+
+    /* weight allocations */
+    void                    **allocs;
+    int                       n_allocs;
+    int                       cap_allocs;
+};
+
+
+static void msv_cuda_destroy(struct msv_backend *b);
+
+
+static int
+msv_cuda_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list  ap;
+
+    if (err != NULL && errlen > 0) {
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+
+/* cudaMalloc that remembers the pointer for destroy. */
+static int
+msv_cuda_alloc(struct msv_backend *b, void **p, size_t bytes,
+    const char *what, char *err, size_t errlen)
+{
+    void        **na;
+    cudaError_t   e;
+
+    if (b->n_allocs == b->cap_allocs) {
+        na = (void **) realloc(b->allocs,
+                               (b->cap_allocs * 2 + 16) * sizeof(void *));
+        if (na == NULL) {
+            return msv_cuda_err(err, errlen, "cuda: out of host memory");
+        }
+        b->allocs = na;
+        b->cap_allocs = b->cap_allocs * 2 + 16;
+    }
+
+    e = cudaMalloc(p, bytes > 0 ? bytes : 1);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return msv_cuda_err(err, errlen,
+                            "cuda: allocating %s (%.1f MiB): %s", what,
+                            (double) bytes / (1 << 20),
+                            cudaGetErrorString(e));
+    }
+    b->allocs[b->n_allocs++] = *p;
+    return 0;
+}
+
+
+static const struct msv_tensor *
+msv_cuda_tensor(const struct msv_weights *w, const char *name, int ndim,
+    int64_t d0, int64_t d1, char *err, size_t errlen)
+{
+    const struct msv_tensor  *t;
+
+    t = msv_weights_find(w, name);
+    if (t == NULL) {
+        msv_cuda_err(err, errlen, "cuda: tensor %s: missing", name);
+        return NULL;
+    }
+
+    if (t->ndim != ndim || t->shape[0] != d0
+        || (ndim == 2 && t->shape[1] != d1))
+    {
+        if (ndim == 2) {
+            msv_cuda_err(err, errlen, "cuda: tensor %s: %d-d [%lld, %lld], "
+                         "expected [%lld, %lld]", name, t->ndim,
+                         (long long) t->shape[0],
+                         (long long) (t->ndim > 1 ? t->shape[1] : 0),
+                         (long long) d0, (long long) d1);
+        } else {
+            msv_cuda_err(err, errlen, "cuda: tensor %s: %d-d [%lld, ...], "
+                         "expected [%lld]", name, t->ndim,
+                         (long long) t->shape[0], (long long) d0);
+        }
+        return NULL;
+    }
+
+    if (t->dtype != MSV_F32 && t->dtype != MSV_F16 && t->dtype != MSV_BF16) {
+        msv_cuda_err(err, errlen, "cuda: tensor %s: unsupported dtype %d",
+                     name, t->dtype);
+        return NULL;
+    }
+    return t;
+}
+
+
+/* Copy n elements of t, from element off, to dst as fp32. */
+static int
+msv_cuda_put_f32(const struct msv_tensor *t, float *dst, size_t n,
+    float *stage, char *err, size_t errlen)
+{
+    size_t  off, k;
+
+    if (t->dtype == MSV_F32) {
+        MSV_CUDA_TRY(cudaMemcpy(dst, t->data, n * sizeof(float),
+                                cudaMemcpyHostToDevice), err, errlen);
+        return 0;
+    }
+
+    for (off = 0; off < n; off += k) {
+        k = n - off < MSV_UPLOAD_CHUNK ? n - off : MSV_UPLOAD_CHUNK;
+        msv_tensor_to_f32(t, off, k, stage);
+        MSV_CUDA_TRY(cudaMemcpy(dst + off, stage, k * sizeof(float),
+                                cudaMemcpyHostToDevice), err, errlen);
+    }
+    return 0;
+}
+
+
+/*
+ * Upload the 2-d tensors names[0..n) (rows[i] x cols each) stacked into
+ * one device matrix: bf16 when every part is bf16, fp32 otherwise.
+ */
+static int
+msv_cuda_upload_mat(struct msv_backend *b, const struct msv_weights *w,
+    const char *const *names, const uint32_t *rows, int n, uint32_t cols,
+    struct msv_dmat *m, float *stage, char *err, size_t errlen)
+{
+    const struct msv_tensor  *t[4];
+    uint32_t                  total;
+    size_t                    esz, off;
+    int                       i, all_bf16;
+
+    total = 0;
+    all_bf16 = 1;
+    for (i = 0; i < n; i++) {
+        t[i] = msv_cuda_tensor(w, names[i], 2, rows[i], cols, err, errlen);
+        if (t[i] == NULL) {
+            return -1;
+        }
+        all_bf16 = all_bf16 && t[i]->dtype == MSV_BF16;
+        total += rows[i];
+    }
+
+    m->dtype = all_bf16 ? MSV_BF16 : MSV_F32;
+    m->rows = total;
+    m->cols = cols;
+    esz = all_bf16 ? 2 : 4;
+
+    if (msv_cuda_alloc(b, &m->p, (size_t) total * cols * esz, names[0], err,
+                       errlen) != 0)
+    {
+        return -1;
+    }
+
+    off = 0;
+    for (i = 0; i < n; i++) {
+        if (all_bf16) {
+            MSV_CUDA_TRY(cudaMemcpy((char *) m->p + off * esz, t[i]->data,
+                                    (size_t) rows[i] * cols * esz,
+                                    cudaMemcpyHostToDevice), err, errlen);
+        } else if (msv_cuda_put_f32(t[i], (float *) m->p + off,
+                                    (size_t) rows[i] * cols, stage, err,
+                                    errlen) != 0)
+        {
+            return -1;
+        }
+        off += (size_t) rows[i] * cols;
+    }
+    return 0;
+}
+
+
+/* Upload 1-d tensors names[0..n) (len[i] each), concatenated, as fp32. */
+static int
+msv_cuda_upload_vec(struct msv_backend *b, const struct msv_weights *w,
+    const char *const *names, const uint32_t *len, int n, float **out,
+    float *stage, char *err, size_t errlen)
+{
+    const struct msv_tensor  *t;
+    size_t                    total, off;
+    int                       i;
+
+    total = 0;
+    for (i = 0; i < n; i++) {
+        total += len[i];
+    }
+
+    if (msv_cuda_alloc(b, (void **) out, total * sizeof(float), names[0],
+                       err, errlen) != 0)
+    {
+        return -1;
+    }
+
+    off = 0;
+    for (i = 0; i < n; i++) {
+        t = msv_cuda_tensor(w, names[i], 1, len[i], 0, err, errlen);
+        if (t == NULL
+            || msv_cuda_put_f32(t, *out + off, len[i], stage, err, errlen)
+               != 0)
+        {
+            return -1;
+        }
+        off += len[i];
+    }
+    return 0;
+}
+
+
+/*
+ * RoPE inverse frequencies as Hugging Face computes them in fp32:
+ * 1 / theta^(2i / d), then the llama3 or linear scaling.
+ */
+static void
+msv_cuda_inv_freq(const struct msv_model_config *c, float *out)
+{
+    uint32_t  i, half;
+    double    inv, wl, lo_wl, hi_wl, sm, pi;
+
+    pi = 3.14159265358979323846;
+    half = c->head_dim / 2;
+
+    for (i = 0; i < half; i++) {
+        inv = 1.0 / pow((double) c->rope_theta,
+                        (double) ((float) (2 * i) / (float) c->head_dim));
+        inv = (double) (float) inv;
+
+        if (c->rope_type == MSV_ROPE_LINEAR) {
+            inv /= c->rope_factor;
+
+        } else if (c->rope_type == MSV_ROPE_LLAMA3) {
+            lo_wl = c->rope_orig_max_pos / (double) c->rope_low_freq_factor;
+            hi_wl = c->rope_orig_max_pos / (double) c->rope_high_freq_factor;
+            wl = 2.0 * pi / inv;
+            if (wl > lo_wl) {
+                inv /= c->rope_factor;
+            } else if (!(wl < hi_wl)) {
+                sm = (c->rope_orig_max_pos / wl - c->rope_low_freq_factor)
+                     / (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                inv = (1.0 - sm) * inv / c->rope_factor + sm * inv;
+            }
+        }
+        out[i] = (float) inv;
+    }
+}
+
+
+static int
+msv_cuda_check_config(const struct msv_model_config *c, uint32_t max_seqs,
+    uint32_t max_len, char *err, size_t errlen)
+{
+    if (c->arch != MSV_ARCH_LLAMA && c->arch != MSV_ARCH_QWEN2
+        && c->arch != MSV_ARCH_QWEN3)
+    {
+        return msv_cuda_err(err, errlen, "cuda: config: unknown arch %d",
+                            c->arch);
+    }
+    if (c->vocab_size == 0 || c->hidden == 0 || c->intermediate == 0
+        || c->n_layers == 0 || c->n_heads == 0 || c->n_kv_heads == 0)
+    {
+        return msv_cuda_err(err, errlen, "cuda: config: vocab_size, "
+                            "hidden_size, intermediate_size, layers and "
+                            "heads must be positive");
+    }
+    if (c->n_heads % c->n_kv_heads != 0) {
+        return msv_cuda_err(err, errlen, "cuda: config: num_attention_heads "
+                            "%u is not a multiple of num_key_value_heads %u",
+                            c->n_heads, c->n_kv_heads);
+    }
+    if (c->head_dim == 0 || c->head_dim % 2 != 0
+        || c->head_dim > MSV_ATTN_MAX_HEAD_DIM)
+    {
+        return msv_cuda_err(err, errlen, "cuda: config: head_dim %u: must "
+                            "be even and at most %d", c->head_dim,
+                            MSV_ATTN_MAX_HEAD_DIM);
+    }
+    if (c->rope_theta <= 0.0f) {
+        return msv_cuda_err(err, errlen, "cuda: config: rope_theta %g must "
+                            "be positive", (double) c->rope_theta);
+    }
+    if ((c->rope_type == MSV_ROPE_LINEAR || c->rope_type == MSV_ROPE_LLAMA3)
+        && !(c->rope_factor > 0.0f))
+    {
+        return msv_cuda_err(err, errlen, "cuda: config: rope_scaling.factor "
+                            "must be positive");
+    }
+    if (c->rope_type == MSV_ROPE_LLAMA3
+        && (!(c->rope_low_freq_factor > 0.0f)
+            || c->rope_high_freq_factor <= c->rope_low_freq_factor
+            || c->rope_orig_max_pos == 0))
+    {
+        return msv_cuda_err(err, errlen, "cuda: config: llama3 rope_scaling "
+                            "needs 0 < low_freq_factor < high_freq_factor and "
+                            "original_max_position_embeddings");
+    }
+    if (c->rope_type != MSV_ROPE_DEFAULT && c->rope_type != MSV_ROPE_LINEAR
+        && c->rope_type != MSV_ROPE_LLAMA3)
+    {
+        return msv_cuda_err(err, errlen, "cuda: config: unknown rope type %d",
+                            c->rope_type);
+    }
+    if (max_seqs == 0 || max_len == 0) {
+        return msv_cuda_err(err, errlen, "cuda: max_seqs and max_len must be "
+                            "positive");
+    }
+    if ((uint64_t) c->vocab_size * c->hidden > (uint64_t) INT32_MAX * 16
+        || (uint64_t) c->hidden > INT32_MAX / 4
+        || (uint64_t) c->intermediate > INT32_MAX / 4)
+    {
+        return msv_cuda_err(err, errlen, "cuda: config: dimensions too large");
+    }
+    return 0;
+}
+
+
+static int
+msv_cuda_upload(struct msv_backend *b, const struct msv_weights *w,
+    char *err, size_t errlen)
+{
+    const struct msv_model_config  *c = &b->cfg;
+    struct msv_cuda_layer          *L;
+    char                            nm[8][160];
+    const char                     *names[4];
+    uint32_t                        rows[4], q, kv, i;
+    float                          *stage, *inv;
+    int                             rc;
+
+    stage = (float *) malloc(MSV_UPLOAD_CHUNK * sizeof(float));
+    if (stage == NULL) {
+        return msv_cuda_err(err, errlen, "cuda: out of host memory");
+    }
+    rc = -1;
+
+    /* embeddings (also the lm_head when tied), lm_head, final norm */
+    names[0] = "model.embed_tokens.weight";
+    rows[0] = c->vocab_size;
+    if (msv_cuda_upload_mat(b, w, names, rows, 1, c->hidden, &b->lm_head,
+                            stage, err, errlen) != 0)
+    {
+        goto done;
+    }
+    b->embed = b->lm_head.p;
+    b->embed_dtype = b->lm_head.dtype;
+
+    if (!c->tie_embeddings) {
+        names[0] = "lm_head.weight";
+        if (msv_cuda_upload_mat(b, w, names, rows, 1, c->hidden, &b->lm_head,
+                                stage, err, errlen) != 0)
+        {
+            goto done;
+        }
+    }
+
+    names[0] = "model.norm.weight";
+    rows[0] = c->hidden;
+    if (msv_cuda_upload_vec(b, w, names, rows, 1, &b->final_norm, stage, err,
+                            errlen) != 0)
+    {
+        goto done;
+    }
+
+    q = c->n_heads * c->head_dim;
+    kv = c->n_kv_heads * c->head_dim;
+
+    for (i = 0; i < c->n_layers; i++) {
+        L = &b->layers[i];
+
+#define MSV_NAME(k, s)                                                       \
+        snprintf(nm[k], sizeof(nm[k]), "model.layers.%u.%s", i, s)
+
+        MSV_NAME(0, "self_attn.q_proj.weight");
+        MSV_NAME(1, "self_attn.k_proj.weight");
+        MSV_NAME(2, "self_attn.v_proj.weight");
+        names[0] = nm[0]; names[1] = nm[1]; names[2] = nm[2];
+        rows[0] = q; rows[1] = kv; rows[2] = kv;
+        if (msv_cuda_upload_mat(b, w, names, rows, 3, c->hidden, &L->qkv,
+                                stage, err, errlen) != 0)
+        {
+            goto done;
+        }
+
+        MSV_NAME(0, "self_attn.o_proj.weight");
+        names[0] = nm[0];
+        rows[0] = c->hidden;
+        if (msv_cuda_upload_mat(b, w, names, rows, 1, q, &L->o, stage, err,
+                                errlen) != 0)
+        {
+            goto done;
+        }
+
+        MSV_NAME(0, "mlp.gate_proj.weight");
+        MSV_NAME(1, "mlp.up_proj.weight");
+        names[0] = nm[0]; names[1] = nm[1];
+        rows[0] = c->intermediate; rows[1] = c->intermediate;
+        if (msv_cuda_upload_mat(b, w, names, rows, 2, c->hidden, &L->gate_up,
+                                stage, err, errlen) != 0)
+        {
+            goto done;
+        }
+
+        MSV_NAME(0, "mlp.down_proj.weight");
+        names[0] = nm[0];
+        rows[0] = c->hidden;
+        if (msv_cuda_upload_mat(b, w, names, rows, 1, c->intermediate,
+                                &L->down, stage, err, errlen) != 0)
+        {
+            goto done;
+        }
+
+        MSV_NAME(0, "input_layernorm.weight");
+        names[0] = nm[0];
+        rows[0] = c->hidden;
+        if (msv_cuda_upload_vec(b, w, names, rows, 1, &L->attn_norm, stage,
+                                err, errlen) != 0)
+        {
+            goto done;
+        }
+
+        MSV_NAME(0, "post_attention_layernorm.weight");
+        if (msv_cuda_upload_vec(b, w, names, rows, 1, &L->ffn_norm, stage,
+                                err, errlen) != 0)
+        {
+            goto done;
+        }
+
+        if (c->qk_norm) {
+            MSV_NAME(0, "self_attn.q_norm.weight");
+            rows[0] = c->head_dim;
+            if (msv_cuda_upload_vec(b, w, names, rows, 1, &L->q_norm, stage,
+                                    err, errlen) != 0)
+            {
+                goto done;
+            }
+            MSV_NAME(0, "self_attn.k_norm.weight");
+            if (msv_cuda_upload_vec(b, w, names, rows, 1, &L->k_norm, stage,
+                                    err, errlen) != 0)
+            {
+                goto done;
+            }
+        }
+
+        if (c->qkv_bias) {
+            MSV_NAME(0, "self_attn.q_proj.bias");
+            MSV_NAME(1, "self_attn.k_proj.bias");
+            MSV_NAME(2, "self_attn.v_proj.bias");
+            names[0] = nm[0]; names[1] = nm[1]; names[2] = nm[2];
+            rows[0] = q; rows[1] = kv; rows[2] = kv;
+            if (msv_cuda_upload_vec(b, w, names, rows, 3, &L->qkv_bias, stage,
+                                    err, errlen) != 0)
+            {
+                goto done;
+            }
+        }
+#undef MSV_NAME
+    }
+
+    inv = stage;
+    msv_cuda_inv_freq(c, inv);
+    if (msv_cuda_alloc(b, (void **) &b->inv_freq,
+                       c->head_dim / 2 * sizeof(float), "inv_freq", err,
+                       errlen) != 0)
+    {
+        goto done;
+    }
+    if (cudaMemcpy(b->inv_freq, inv, c->head_dim / 2 * sizeof(float),
+                   cudaMemcpyHostToDevice) != cudaSuccess)
+    {
+        msv_cuda_err(err, errlen, "cuda: uploading inv_freq failed");
+        goto done;
+    }
+
+    rc = 0;
+
+done:
+    free(stage);
+    return rc;
+}
+
+
+static int
+msv_cuda_init_kv(struct msv_backend *b, uint64_t kv_tokens, char *err,
+    size_t errlen)
+{
+    const struct msv_model_config  *c = &b->cfg;
+    uint64_t                        pages;
+    size_t                          bytes;
+    uint32_t                        i;
+
+    b->pages_per_seq = MSV_CEIL_DIV(b->max_len, MSV_KV_BLOCK);
+    pages = kv_tokens != 0
+            ? MSV_CEIL_DIV(kv_tokens, (uint64_t) MSV_KV_BLOCK)
+            : (uint64_t) b->max_seqs * b->pages_per_seq;
+    if (pages == 0 || pages > INT32_MAX) {
+        return msv_cuda_err(err, errlen, "cuda: kv_tokens %llu: too many "
+                            "pages", (unsigned long long) kv_tokens);
+    }
+    b->n_pages = (uint32_t) pages;
+    b->page_floats = (size_t) c->n_kv_heads * MSV_KV_BLOCK * c->head_dim;
+
+    bytes = (size_t) c->n_layers * 2 * b->n_pages * b->page_floats
+            * sizeof(float);
+    if (msv_cuda_alloc(b, (void **) &b->kv, bytes, "the KV cache", err,
+                       errlen) != 0)
+    {
+        return -1;
+    }
+
+    b->free_pages = (uint32_t *) malloc(b->n_pages * sizeof(uint32_t));
+    b->seq_pages = (uint32_t *) malloc((size_t) b->max_seqs
+                                       * b->pages_per_seq * sizeof(uint32_t));
+    b->seq_n_pages = (uint32_t *) calloc(b->max_seqs, sizeof(uint32_t));
+    b->seq_len = (uint32_t *) calloc(b->max_seqs, sizeof(uint32_t));
+    b->seq_stamp = (uint32_t *) calloc(b->max_seqs, sizeof(uint32_t));
+    if (b->free_pages == NULL || b->seq_pages == NULL
+        || b->seq_n_pages == NULL || b->seq_len == NULL
+        || b->seq_stamp == NULL)
+    {
+        return msv_cuda_err(err, errlen, "cuda: out of host memory for the "
+                            "page tables");
+    }
+
+    /* pop order 0, 1, 2, ... */
+    for (i = 0; i < b->n_pages; i++) {
+        b->free_pages[i] = b->n_pages - 1 - i;
+    }
+    b->n_free = b->n_pages;
+    return 0;
+}
+
+
+static struct msv_backend *
+msv_cuda_create(const struct msv_model_config *cfg,
+    const struct msv_weights *w, uint32_t max_seqs, uint32_t max_len,
+    uint64_t kv_tokens, int threads, char *err, size_t errlen)
+{
+    struct msv_backend  *b;
+    const char          *mode;
+    int                  n_dev;
+    cudaError_t          e;
+
+    if (msv_cuda_check_config(cfg, max_seqs, max_len, err, errlen) != 0) {
+        return NULL;
+    }
+    if (msv_weights_check(cfg, w, err, errlen) != 0) {
+        return NULL;
+    }
+
+    e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0) {
+        msv_cuda_err(err, errlen, "cuda: no usable GPU: %s",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return NULL;
+    }
+
+    b = (struct msv_backend *) calloc(1, sizeof(*b));
+    if (b == NULL) {
+        msv_cuda_err(err, errlen, "cuda: out of host memory");
+        return NULL;
+    }
+    b->cfg = *cfg;
+    b->max_seqs = max_seqs;
+    b->max_len = max_len;
+
+    mode = getenv("MSV_CUDA_ACT");
+    if (mode == NULL || mode[0] == '\0' || strcmp(mode, "split") == 0) {
+        b->split = 1;
+    } else if (strcmp(mode, "bf16") == 0) {
+        b->split = 0;
+    } else {
+        msv_cuda_err(err, errlen, "cuda: MSV_CUDA_ACT=%s: expected \"split\" "
+                     "or \"bf16\"", mode);
+        goto failed;
+    }
+
+    e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        b->stream = NULL;
+        msv_cuda_fail(err, errlen, "cudaStreamCreate", __FILE__, __LINE__, e);
+        goto failed;
+    }
+    if (cublasCreate(&b->cublas) != CUBLAS_STATUS_SUCCESS) {
+        b->cublas = NULL;
+        msv_cuda_err(err, errlen, "cublas: cublasCreate failed");
+        goto failed;
+    }
+    if (cublasSetStream(b->cublas, b->stream) != CUBLAS_STATUS_SUCCESS
+        || cublasSetMathMode(b->cublas, CUBLAS_DEFAULT_MATH)
+           != CUBLAS_STATUS_SUCCESS)
+    {
+        msv_cuda_err(err, errlen, "cublas: setting stream or math mode "
+                     "failed");
+        goto failed;
+    }
+
+    b->layers = (struct msv_cuda_layer *) calloc(cfg->n_layers,
+                                                 sizeof(*b->layers));
+    if (b->layers == NULL) {
+        msv_cuda_err(err, errlen, "cuda: out of host memory");
+        goto failed;
+    }
+
+    if (msv_cuda_upload(b, w, err, errlen) != 0
+        || msv_cuda_init_kv(b, kv_tokens, err, errlen) != 0)
+    {
+        goto failed;
+    }
+
+    e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        msv_cuda_fail(err, errlen, "cudaDeviceSynchronize", __FILE__,
+                      __LINE__, e);
+        goto failed;
+    }
+    return b;
+
+failed:
+    msv_cuda_destroy(b);
+    return NULL;
+}
+
+
+static int
+msv_cuda_kv_reserve(struct msv_backend *b, uint32_t seq, uint32_t n_tokens)
+{
+    uint32_t  need, have, *sp;
+
+    if (seq >= b->max_seqs || n_tokens > b->max_len) {
+        return -1;
+    }
+
+    need = MSV_CEIL_DIV(n_tokens, MSV_KV_BLOCK);
+    have = b->seq_n_pages[seq];
+    if (need <= have) {
+        return 0;
+    }
+    if (need - have > b->n_free) {
+        return -1;
+    }
+
+    sp = b->seq_pages + (size_t) seq * b->pages_per_seq;
+    while (have < need) {
+        sp[have++] = b->free_pages[--b->n_free];
+    }
+    b->seq_n_pages[seq] = have;
+    return 0;
+}
+
+
+static void
+msv_cuda_kv_release(struct msv_backend *b, uint32_t seq)
+{
+    uint32_t  i, *sp;
+
+    if (seq >= b->max_seqs) {
+        return;
+    }
+
+    sp = b->seq_pages + (size_t) seq * b->pages_per_seq;
+    for (i = b->seq_n_pages[seq]; i > 0; i--) {
+        b->free_pages[b->n_free++] = sp[i - 1];
+    }
+    b->seq_n_pages[seq] = 0;
+    b->seq_len[seq] = 0;
+}
+
+
+static uint64_t
+msv_cuda_kv_free(struct msv_backend *b)
+{
+    return (uint64_t) b->n_free * MSV_KV_BLOCK;
+}
+
+
+static void
+msv_cuda_free_scratch(struct msv_backend *b)
+{
+    cudaFree(b->x);
+    cudaFree(b->qkv);
+    cudaFree(b->att);
+    cudaFree(b->gu);
+    cudaFree(b->act);
+    cudaFree(b->tmp);
+    cudaFree(b->logits);
+    b->x = b->qkv = b->att = b->gu = b->tmp = b->logits = NULL;
+    b->act = NULL;
+    b->cap_tokens = 0;
+}
+
+
+static int
+msv_cuda_scratch(struct msv_backend *b, uint32_t n_tokens, char *err,
+    size_t errlen)
+{
+    const struct msv_model_config  *c = &b->cfg;
+    size_t                          T, q, qkv, max_in, max_out, lm, tmp;
+
+    if (n_tokens <= b->cap_tokens) {
+        return 0;
+    }
+
+    msv_cuda_free_scratch(b);
+
+    T = MSV_CEIL_DIV((size_t) n_tokens, MSV_ALIGN_TOKENS) * MSV_ALIGN_TOKENS;
+    q = (size_t) c->n_heads * c->head_dim;
+    qkv = q + 2 * (size_t) c->n_kv_heads * c->head_dim;
+    max_in = c->hidden;
+    max_in = q > max_in ? q : max_in;
+    max_in = c->intermediate > max_in ? c->intermediate : max_in;
+    max_out = qkv;
+    max_out = c->hidden > max_out ? c->hidden : max_out;
+    max_out = 2 * (size_t) c->intermediate > max_out
+              ? 2 * (size_t) c->intermediate : max_out;
+    lm = T < MSV_LM_CHUNK ? T : MSV_LM_CHUNK;
+    tmp = 2 * (T * max_out > lm * c->vocab_size ? T * max_out
+                                                 : lm * c->vocab_size);
+
+    MSV_CUDA_TRY(cudaMalloc((void **) &b->x, T * c->hidden * sizeof(float)),
+                 err, errlen);
+    MSV_CUDA_TRY(cudaMalloc((void **) &b->qkv, T * qkv * sizeof(float)),
+                 err, errlen);
+    MSV_CUDA_TRY(cudaMalloc((void **) &b->att, T * q * sizeof(float)),
+                 err, errlen);
+    MSV_CUDA_TRY(cudaMalloc((void **) &b->gu,
+                            T * 2 * c->intermediate * sizeof(float)),
+                 err, errlen);
+    MSV_CUDA_TRY(cudaMalloc(&b->act, T * max_in * 4), err, errlen);
+    if (b->split) {
+        MSV_CUDA_TRY(cudaMalloc((void **) &b->tmp, tmp * sizeof(float)),
+                     err, errlen);
+    }
+    MSV_CUDA_TRY(cudaMalloc((void **) &b->logits,
+                            lm * c->vocab_size * sizeof(float)),
+                 err, errlen);
+
+    b->cap_tokens = (uint32_t) T;
+    return 0;
+}
+
+
+static int
+msv_cuda_meta(struct msv_backend *b, size_t n, char *err, size_t errlen)
+{
+    size_t  cap;
+
+    if (n <= b->meta_cap) {
+        return 0;
+    }
+
+    cudaFreeHost(b->meta_h);
+    cudaFree(b->meta_d);
+    b->meta_h = NULL;
+    b->meta_d = NULL;
+    b->meta_cap = 0;
+
+    cap = n + n / 2 + 1024;
+    MSV_CUDA_TRY(cudaHostAlloc((void **) &b->meta_h, cap * sizeof(int32_t),
+                               cudaHostAllocDefault), err, errlen);
+    MSV_CUDA_TRY(cudaMalloc((void **) &b->meta_d, cap * sizeof(int32_t)),
+                 err, errlen);
+    b->meta_cap = cap;
+    return 0;
+}
+
+
+/* One transformer layer over the batch's n tokens. */
+static int
+msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
+    const struct msv_kv_map *map, char *err, size_t errlen)
+{
+    const struct msv_model_config  *c = &b->cfg;
+    struct msv_cuda_layer          *L = &b->layers[l];
+    struct msv_qkv_args             qa;
+    struct msv_attn_args            aa;
+    const void                     *src;
+    size_t                          kv_floats;
+    int                             f;
+
+    kv_floats = (size_t) b->n_pages * b->page_floats;
+
+    /* attention block */
+    f = msv_act_fmt_for(&L->qkv, b->split);
+    MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, NULL, L->attn_norm, n,
+                                 c->hidden, c->rms_eps, b->stream),
+                 err, errlen);
+    if (linear_forward(b->cublas, &L->qkv, b->act, f, n, b->qkv, 0, b->tmp,
+                       b->stream, err, errlen) != 0)
+    {
+        return -1;
+    }
+
+    memset(&qa, 0, sizeof(qa));
+    qa.qkv = b->qkv;
+    qa.n_tokens = n;
+    qa.n_heads = c->n_heads;
+    qa.n_kv_heads = c->n_kv_heads;
+    qa.head_dim = c->head_dim;
+    qa.bias = L->qkv_bias;
+    qa.q_norm = L->q_norm;
+    qa.k_norm = L->k_norm;
+    qa.eps = c->rms_eps;
+    qa.inv_freq = b->inv_freq;
+    qa.kv = *map;
+    qa.kv.k_cache = b->kv + (size_t) l * 2 * kv_floats;
+    qa.kv.v_cache = qa.kv.k_cache + kv_floats;
+    MSV_CUDA_TRY(qkv_rope_forward(&qa, b->stream), err, errlen);
+
+    memset(&aa, 0, sizeof(aa));
+    aa.out = b->att;
+    aa.q = b->qkv;
+    aa.q_stride = (c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+    aa.n_tokens = n;
+    aa.n_heads = c->n_heads;
+    aa.n_kv_heads = c->n_kv_heads;
+    aa.head_dim = c->head_dim;
+    aa.scale = (float) (1.0 / sqrt((double) c->head_dim));
+    aa.kv = qa.kv;
+    MSV_CUDA_TRY(attention_forward(&aa, b->stream), err, errlen);
+
+    f = msv_act_fmt_for(&L->o, b->split);
+    src = b->att;
+    if (f != MSV_ACT_F32) {
+        MSV_CUDA_TRY(to_act_forward(b->act, f, b->att, n,
+                                    c->n_heads * c->head_dim, b->stream),
+                     err, errlen);
+        src = b->act;
+    }
+    if (linear_forward(b->cublas, &L->o, src, f, n, b->x, 1, b->tmp,
+                       b->stream, err, errlen) != 0)
+    {
+        return -1;
+    }
+
+    /* MLP block */
+    f = msv_act_fmt_for(&L->gate_up, b->split);
+    MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, NULL, L->ffn_norm, n,
+                                 c->hidden, c->rms_eps, b->stream),
+                 err, errlen);
+    if (linear_forward(b->cublas, &L->gate_up, b->act, f, n, b->gu, 0, b->tmp,
+                       b->stream, err, errlen) != 0)
+    {
+        return -1;
+    }
+
+    f = msv_act_fmt_for(&L->down, b->split);
+    MSV_CUDA_TRY(silu_mul_forward(b->act, f, b->gu, n, c->intermediate,
+                                  b->stream), err, errlen);
+    if (linear_forward(b->cublas, &L->down, b->act, f, n, b->x, 1, b->tmp,
+                       b->stream, err, errlen) != 0)
+    {
+        return -1;
+    }
+    return 0;
+}
+
+
+static int
+msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
+    float *logits, char *err, size_t errlen)
+{
+    const struct msv_model_config  *c = &b->cfg;
+    struct msv_kv_map               map;
+    uint64_t                        T64, P64;
+    uint32_t                        s, seq, n, p0, T, P, R, r0, rc, l, k, t;
+    uint32_t                        np, *sp;
+    int32_t                        *tok, *pos, *tseq, *poff, *pages, *rows;
+    size_t                          meta_n;
+    cudaError_t                     e;
+    int                             f;
+
+    if (bt == NULL || bt->n_seqs == 0 || bt->seq == NULL
+        || bt->n_new == NULL || bt->pos0 == NULL || bt->tokens == NULL
+        || logits == NULL)
+    {
+        return msv_cuda_err(err, errlen, "cuda: forward: empty batch");
+    }
+
+    if (++b->stamp == 0) {
+        memset(b->seq_stamp, 0, b->max_seqs * sizeof(uint32_t));
+        b->stamp = 1;
+    }
+
+    T64 = 0;
+    P64 = 0;
+    for (s = 0; s < bt->n_seqs; s++) {
+        seq = bt->seq[s];
+        n = bt->n_new[s];
+        p0 = bt->pos0[s];
+        if (seq >= b->max_seqs) {
+            return msv_cuda_err(err, errlen, "cuda: forward: batch seq[%u] = "
+                                "%u, max_seqs is %u", s, seq, b->max_seqs);
+        }
+        if (b->seq_stamp[seq] == b->stamp) {
+            return msv_cuda_err(err, errlen, "cuda: forward: sequence %u "
+                                "appears twice in the batch", seq);
+        }
+        b->seq_stamp[seq] = b->stamp;
+        if (n == 0) {
+            return msv_cuda_err(err, errlen, "cuda: forward: sequence %u has "
+                                "no new tokens", seq);
+        }
+        if (p0 > b->seq_len[seq]) {
+            return msv_cuda_err(err, errlen, "cuda: forward: sequence %u: "
+                                "pos0 %u but only %u tokens in its KV", seq,
+                                p0, b->seq_len[seq]);
+        }
+        if ((uint64_t) p0 + n > (uint64_t) b->seq_n_pages[seq] * MSV_KV_BLOCK) {
+            return msv_cuda_err(err, errlen, "cuda: forward: sequence %u: "
+                                "%llu tokens but KV reserved for %u", seq,
+                                (unsigned long long) p0 + n,
+                                b->seq_n_pages[seq] * MSV_KV_BLOCK);
+        }
+        T64 += n;
+        P64 += MSV_CEIL_DIV(p0 + n, MSV_KV_BLOCK);
+    }
+    if (T64 > INT32_MAX / 2) {
+        return msv_cuda_err(err, errlen, "cuda: forward: %llu tokens in one "
+                            "batch", (unsigned long long) T64);
+    }
+    T = (uint32_t) T64;
+    P = (uint32_t) P64;
+    R = bt->all_logits ? T : bt->n_seqs;
+
+    for (t = 0; t < T; t++) {
+        if (bt->tokens[t] < 0 || (uint32_t) bt->tokens[t] >= c->vocab_size) {
+            return msv_cuda_err(err, errlen, "cuda: forward: token %d at "
+                                "batch index %u is outside the vocabulary "
+                                "(%u)", bt->tokens[t], t, c->vocab_size);
+        }
+    }
+
+    /* batch description: tok[T] pos[T] tseq[T] poff[S] pages[P] rows[R] */
+    meta_n = 3 * (size_t) T + bt->n_seqs + P + R;
+    if (msv_cuda_meta(b, meta_n, err, errlen) != 0
+        || msv_cuda_scratch(b, T, err, errlen) != 0)
+    {
+        return -1;
+    }
+
+    tok = b->meta_h;
+    pos = tok + T;
+    tseq = pos + T;
+    poff = tseq + T;
+    pages = poff + bt->n_seqs;
+    rows = pages + P;
+
+    memcpy(tok, bt->tokens, T * sizeof(int32_t));
+    t = 0;
+    P = 0;
+    for (s = 0; s < bt->n_seqs; s++) {
+        seq = bt->seq[s];
+        p0 = bt->pos0[s];
+        n = bt->n_new[s];
+        for (k = 0; k < n; k++) {
+            pos[t] = (int32_t) (p0 + k);
+            tseq[t] = (int32_t) s;
+            if (bt->all_logits) {
+                rows[t] = (int32_t) t;
+            }
+            t++;
+        }
+        if (!bt->all_logits) {
+            rows[s] = (int32_t) (t - 1);
+        }
+        poff[s] = (int32_t) P;
+        np = MSV_CEIL_DIV(p0 + n, MSV_KV_BLOCK);
+        sp = b->seq_pages + (size_t) seq * b->pages_per_seq;
+        for (k = 0; k < np; k++) {
+            pages[P++] = (int32_t) sp[k];
+        }
+    }
+
+    MSV_CUDA_TRY(cudaMemcpyAsync(b->meta_d, b->meta_h,
+                                 meta_n * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, b->stream),
+                 err, errlen);
+
+    map.pos = b->meta_d + T;
+    map.tok_seq = b->meta_d + 2 * (size_t) T;
+    map.page_off = b->meta_d + 3 * (size_t) T;
+    map.pages = map.page_off + bt->n_seqs;
+    map.k_cache = NULL;
+    map.v_cache = NULL;
+
+    MSV_CUDA_TRY(embed_forward(b->x, b->embed, b->embed_dtype, b->meta_d, T,
+                               c->hidden, b->stream), err, errlen);
+
+    for (l = 0; l < c->n_layers; l++) {
+        if (msv_cuda_layer(b, l, T, &map, err, errlen) != 0) {
+            return -1;
+        }
+    }
+
+    /* final norm of the wanted rows, lm_head, copy out */
+    f = msv_act_fmt_for(&b->lm_head, b->split);
+    for (r0 = 0; r0 < R; r0 += rc) {
+        rc = R - r0 < MSV_LM_CHUNK ? R - r0 : MSV_LM_CHUNK;
+        MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x,
+                                     map.pages + P + r0, b->final_norm, rc,
+                                     c->hidden, c->rms_eps, b->stream),
+                     err, errlen);
+        if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc, b->logits,
+                           0, b->tmp, b->stream, err, errlen) != 0)
+        {
+            return -1;
+        }
+        MSV_CUDA_TRY(cudaMemcpyAsync(logits + (size_t) r0 * c->vocab_size,
+                                     b->logits,
+                                     (size_t) rc * c->vocab_size
+                                     * sizeof(float),
+                                     cudaMemcpyDeviceToHost, b->stream),
+                     err, errlen);
+    }
+
+    e = cudaStreamSynchronize(b->stream);
+    if (e == cudaSuccess) {
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess) {
+        return msv_cuda_fail(err, errlen, "forward", __FILE__, __LINE__, e);
+    }
+
+    for (s = 0; s < bt->n_seqs; s++) {
+        b->seq_len[bt->seq[s]] = bt->pos0[s] + bt->n_new[s];
+    }
+    return 0;
+}
+
+
+static void
+msv_cuda_destroy(struct msv_backend *b)
+{
+    int  i;
+
+    if (b == NULL) {
+        return;
+    }
+
+    if (b->stream != NULL) {
+        cudaStreamSynchronize(b->stream);
+    }
+    msv_cuda_free_scratch(b);
+    cudaFreeHost(b->meta_h);
+    cudaFree(b->meta_d);
+    for (i = 0; i < b->n_allocs; i++) {
+        cudaFree(b->allocs[i]);
+    }
+    if (b->cublas != NULL) {
+        cublasDestroy(b->cublas);
+    }
+    if (b->stream != NULL) {
+        cudaStreamDestroy(b->stream);
+    }
+    free(b->allocs);
+    free(b->layers);
+    free(b->free_pages);
+    free(b->seq_pages);
+    free(b->seq_n_pages);
+    free(b->seq_len);
+    free(b->seq_stamp);
+    free(b);
+}
+
+
+static struct msv_backend_ops
+msv_cuda_make_ops(void)
+{
+    struct msv_backend_ops  o;
+
+    memset(&o, 0, sizeof(o));
+    o.name = "cuda";
+    o.create = msv_cuda_create;
+    o.kv_reserve = msv_cuda_kv_reserve;
+    o.kv_release = msv_cuda_kv_release;
+    o.kv_free = msv_cuda_kv_free;
+    o.forward = msv_cuda_forward;
+    o.destroy = msv_cuda_destroy;
+    o.host_alloc = msv_cuda_host_alloc;
+    o.host_free = msv_cuda_host_free;
+    return o;
+}
+
+
+extern "C" const struct msv_backend_ops *
+msv_backend_cuda_ops(void)
+{
+    static const struct msv_backend_ops  ops = msv_cuda_make_ops();
+
+    return &ops;
+}
+
+
+extern "C" int
+msv_cuda_device_count(void)
+{
+    int  n;
+
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+
+extern "C" void *
+msv_cuda_host_alloc(size_t bytes)
+{
+    void  *p;
+
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+
+extern "C" void
+msv_cuda_host_free(void *p)
+{
+    if (p != NULL) {
+        cudaFreeHost(p);
+    }
+}

@@ -1,0 +1,127 @@
+/*
+ * cuda_common.cuh: what every kernel file shares: error reporting into
+ * an (err, errlen) buffer, grid arithmetic, and the activation formats
+ * a producer kernel writes for the matrix product that consumes it.
+ */
+
+#ifndef MSV_CUDA_COMMON_CUH
+#define MSV_CUDA_COMMON_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+
+#define MSV_CEIL_DIV(a, b)  (((a) + (b) - 1) / (b))
+
+/*
+ * How an activation matrix [rows][cols] is stored for the product that
+ * reads it:
+ *   MSV_ACT_F32     fp32, for fp32 weights;
+ *   MSV_ACT_BF16    bf16 (rounded), for bf16 weights, fast mode;
+ *   MSV_ACT_BF16X2  two bf16 matrices stacked: rows [0, rows) hold
+ *                   hi = bf16(x), rows [rows, 2 rows) hold
+ *                   lo = bf16(x - hi); W.hi + W.lo carries x to about
+ *                   2^-16 relative, so bf16 weights multiply fp32
+ *                   activations (the default for bf16 weights).
+ * F32 and BF16X2 take 4 bytes an element, BF16 takes 2.
+ */
+enum msv_act_fmt {
+    MSV_ACT_F32    = 0,
+    MSV_ACT_BF16   = 1,
+    MSV_ACT_BF16X2 = 2
+};
+
+/* Write v as element (row, col) of a [rows][cols] activation matrix. */
+static __device__ __forceinline__ void
+msv_store_act(void *out, int fmt, size_t rows, size_t row, size_t cols,
+    size_t col, float v)
+{
+    __nv_bfloat16  *o, hi;
+
+    if (fmt == MSV_ACT_F32) {
+        ((float *) out)[row * cols + col] = v;
+        return;
+    }
+
+    o = (__nv_bfloat16 *) out;
+    hi = __float2bfloat16_rn(v);
+    o[row * cols + col] = hi;
+
+    if (fmt == MSV_ACT_BF16X2) {
+        o[(rows + row) * cols + col] =
+            __float2bfloat16_rn(v - __bfloat162float(hi));
+    }
+}
+
+/* Sum over a warp, the result in every lane. */
+static __device__ __forceinline__ float
+msv_warp_sum(float v)
+{
+    int  off;
+
+    for (off = 16; off > 0; off >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    }
+    return v;
+}
+
+/*
+ * Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+ * thread gets the result.  red is __shared__ float[33].
+ */
+static __device__ __forceinline__ float
+msv_block_sum(float v, float *red)
+{
+    int  lane, warp, nwarps, i;
+
+    lane = threadIdx.x & 31;
+    warp = threadIdx.x >> 5;
+    nwarps = blockDim.x >> 5;
+
+    v = msv_warp_sum(v);
+    if (lane == 0) {
+        red[warp] = v;
+    }
+    __syncthreads();
+
+    if (threadIdx.x == 0) {
+        v = 0.0f;
+        for (i = 0; i < nwarps; i++) {
+            v += red[i];
+        }
+        red[32] = v;
+    }
+    __syncthreads();
+
+    v = red[32];
+    __syncthreads();    /* red may be reused by the caller */
+    return v;
+}
+
+/* Format "what: file:line: name: description" into err; always -1. */
+int msv_cuda_fail(char *err, size_t errlen, const char *what,
+    const char *file, int line, cudaError_t e);
+int msv_cublas_fail(char *err, size_t errlen, const char *what,
+    const char *file, int line, cublasStatus_t s);
+
+#define MSV_CUDA_TRY(call, err, errlen)                                      \
+    do {                                                                     \
+        cudaError_t  e_ = (call);                                            \
+        if (e_ != cudaSuccess) {                                             \
+            return msv_cuda_fail(err, errlen, #call, __FILE__, __LINE__, e_);\
+        }                                                                    \
+    } while (0)
+
+#define MSV_CUBLAS_TRY(call, err, errlen)                                    \
+    do {                                                                     \
+        cublasStatus_t  s_ = (call);                                         \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                   \
+            return msv_cublas_fail(err, errlen, #call, __FILE__, __LINE__,   \
+                                   s_);                                      \
+        }                                                                    \
+    } while (0)
+
+#endif /* MSV_CUDA_COMMON_CUH */

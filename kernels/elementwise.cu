@@ -1,0 +1,142 @@
+/*
+ * elementwise.cu: grid-stride loops over matrices, one thread an element.
+ */
+
+#include "model.h"
+#include "elementwise.cuh"
+
+#define MSV_EW_THREADS  256
+#define MSV_EW_MAX_BLOCKS  65535u
+
+static unsigned
+msv_ew_blocks(size_t total)
+{
+    size_t  b;
+
+    b = MSV_CEIL_DIV(total, (size_t) MSV_EW_THREADS);
+    return b > MSV_EW_MAX_BLOCKS ? MSV_EW_MAX_BLOCKS : (unsigned) b;
+}
+
+static __global__ void
+embed_kernel(float *out, const void *table, int dtype, const int32_t *tokens,
+    uint32_t n_tokens, uint32_t n)
+{
+    size_t  i, total, t, c, src;
+
+    total = (size_t) n_tokens * n;
+    for (i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t) gridDim.x * blockDim.x)
+    {
+        t = i / n;
+        c = i % n;
+        src = (size_t) tokens[t] * n + c;
+        out[i] = dtype == MSV_BF16
+                 ? __bfloat162float(((const __nv_bfloat16 *) table)[src])
+                 : ((const float *) table)[src];
+    }
+}
+
+static __global__ void
+silu_mul_kernel(void *out, int fmt, const float *gu, uint32_t n_rows,
+    uint32_t n)
+{
+    size_t  i, total, r, c;
+    float   g, u;
+
+    total = (size_t) n_rows * n;
+    for (i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t) gridDim.x * blockDim.x)
+    {
+        r = i / n;
+        c = i % n;
+        g = gu[r * 2 * n + c];
+        u = gu[r * 2 * n + n + c];
+        msv_store_act(out, fmt, n_rows, r, n, c, g / (1.0f + expf(-g)) * u);
+    }
+}
+
+static __global__ void
+to_act_kernel(void *out, int fmt, const float *x, uint32_t n_rows,
+    uint32_t n)
+{
+    size_t  i, total;
+
+    total = (size_t) n_rows * n;
+    for (i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t) gridDim.x * blockDim.x)
+    {
+        msv_store_act(out, fmt, n_rows, i / n, n, i % n, x[i]);
+    }
+}
+
+static __global__ void
+split_sum_kernel(float *out, const float *tmp, uint32_t n_rows, uint32_t n,
+    int accumulate)
+{
+    size_t  i, total;
+    float   v;
+
+    total = (size_t) n_rows * n;
+    for (i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t) gridDim.x * blockDim.x)
+    {
+        v = tmp[i] + tmp[total + i];
+        out[i] = accumulate ? out[i] + v : v;
+    }
+}
+
+cudaError_t
+embed_forward(float *out, const void *table, int dtype, const int32_t *tokens,
+    uint32_t n_tokens, uint32_t n, cudaStream_t stream)
+{
+    size_t  total = (size_t) n_tokens * n;
+
+    if (total == 0) {
+        return cudaSuccess;
+    }
+    embed_kernel<<<msv_ew_blocks(total), MSV_EW_THREADS, 0, stream>>>(out,
+        table, dtype, tokens, n_tokens, n);
+    return cudaGetLastError();
+}
+
+cudaError_t
+silu_mul_forward(void *out, int fmt, const float *gu, uint32_t n_rows,
+    uint32_t n, cudaStream_t stream)
+{
+    size_t  total = (size_t) n_rows * n;
+
+    if (total == 0) {
+        return cudaSuccess;
+    }
+    silu_mul_kernel<<<msv_ew_blocks(total), MSV_EW_THREADS, 0, stream>>>(out,
+        fmt, gu, n_rows, n);
+    return cudaGetLastError();
+}
+
+cudaError_t
+to_act_forward(void *out, int fmt, const float *x, uint32_t n_rows,
+    uint32_t n, cudaStream_t stream)
+{
+    size_t  total = (size_t) n_rows * n;
+
+    if (total == 0) {
+        return cudaSuccess;
+    }
+    to_act_kernel<<<msv_ew_blocks(total), MSV_EW_THREADS, 0, stream>>>(out,
+        fmt, x, n_rows, n);
+    return cudaGetLastError();
+}
+
+cudaError_t
+split_sum_forward(float *out, const float *tmp, uint32_t n_rows, uint32_t n,
+    int accumulate, cudaStream_t stream)
+{
+    size_t  total = (size_t) n_rows * n;
+
+    if (total == 0) {
+        return cudaSuccess;
+    }
+    split_sum_kernel<<<msv_ew_blocks(total), MSV_EW_THREADS, 0, stream>>>(
+        out, tmp, n_rows, n, accumulate);
+    return cudaGetLastError();
+}

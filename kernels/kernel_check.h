@@ -1,0 +1,61 @@
+/*
+ * kernel_check.h: run one kernel on host arrays (upload, launch,
+ * download), so that kernels/check_backend can compare each kernel with
+ * its CPU twin.  Every function returns 0, or -1 with err set.
+ */
+
+#ifndef MSV_KERNEL_CHECK_H
+#define MSV_KERNEL_CHECK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Activation formats, as enum msv_act_fmt in cuda_common.cuh. */
+#define MSV_CHECK_F32     0
+#define MSV_CHECK_BF16    1
+#define MSV_CHECK_BF16X2  2
+
+/* A batch's view of a paged KV cache (see struct msv_kv_map in rope.cuh);
+ * the caches are host arrays [n_pages][n_kv_heads][MSV_KV_BLOCK]
+ * [head_dim]. */
+struct msv_check_kv {
+    uint32_t        n_tokens;
+    uint32_t        n_seqs;
+    uint32_t        n_entries;  /* length of pages */
+    uint32_t        n_pages;
+    const int32_t  *pos;        /* [n_tokens] */
+    const int32_t  *tok_seq;    /* [n_tokens] */
+    const int32_t  *page_off;   /* [n_seqs] */
+    const int32_t  *pages;      /* [n_entries] */
+    float          *k_cache;
+    float          *v_cache;
+};
+
+/* out[r] = rmsnorm(x[rows ? rows[r] : r]) as format fmt, read back as
+ * fp32 (BF16X2 as hi + lo).  x is [n_in_rows][n]. */
+int msv_cuda_run_rmsnorm(float *out, int fmt, const float *x,
+    uint32_t n_in_rows, const int32_t *rows, const float *w, uint32_t n_rows,
+    uint32_t n, float eps, char *err, size_t errlen);
+
+/* qkv [n_tokens][(n_heads + 2 n_kv_heads) head_dim] in place; bias,
+ * q_norm, k_norm may be NULL; kv->k_cache/v_cache are read and written
+ * back (k_cache NULL: no store). */
+int msv_cuda_run_qkv_rope(float *qkv, uint32_t n_heads, uint32_t n_kv_heads,
+    uint32_t head_dim, const float *bias, const float *q_norm,
+    const float *k_norm, float eps, const float *inv_freq,
+    const struct msv_check_kv *kv, char *err, size_t errlen);
+
+/* out [n_tokens][n_heads head_dim]; q rows q_stride floats apart. */
+int msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
+    uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
+    const struct msv_check_kv *kv, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MSV_KERNEL_CHECK_H */

@@ -1,0 +1,106 @@
+/*
+ * rope.cu: bias, q/k norm, RoPE and KV store, one block per (token,
+ * head).
+ */
+
+#include "backend.h"
+#include "rope.cuh"
+
+#define MSV_ROPE_THREADS  128
+
+static __global__ void
+qkv_rope_kernel(struct msv_qkv_args a)
+{
+    extern __shared__ float  s[];      /* [head_dim] */
+    __shared__ float         red[33];
+    uint32_t                 h, t, d, hd, half, kvh, slot;
+    float                   *row, *dst, x0, x1, y0, y1, ang, sn, cs, ss,
+                             scale;
+    const float             *nw;
+    int                      is_q, is_k, is_v, p;
+    size_t                   off;
+
+    t = blockIdx.x;
+    h = blockIdx.y;
+    hd = a.head_dim;
+    half = hd / 2;
+    is_q = h < a.n_heads;
+    is_k = !is_q && h < a.n_heads + a.n_kv_heads;
+    is_v = !is_q && !is_k;
+
+    row = a.qkv + (size_t) t * (a.n_heads + 2 * a.n_kv_heads) * hd
+          + (size_t) h * hd;
+
+    for (d = threadIdx.x; d < hd; d += blockDim.x) {
+        s[d] = row[d] + (a.bias != NULL ? a.bias[(size_t) h * hd + d] : 0.0f);
+    }
+    __syncthreads();
+
+    nw = is_q ? a.q_norm : (is_k ? a.k_norm : NULL);
+    if (nw != NULL) {
+        ss = 0.0f;
+        for (d = threadIdx.x; d < hd; d += blockDim.x) {
+            ss += s[d] * s[d];
+        }
+        ss = msv_block_sum(ss, red);
+        scale = 1.0f / sqrtf(ss / (float) hd + a.eps);
+        for (d = threadIdx.x; d < hd; d += blockDim.x) {
+            s[d] = nw[d] * (s[d] * scale);
+        }
+        __syncthreads();
+    }
+
+    p = a.kv.pos[t];
+
+    dst = NULL;
+    if (!is_q && a.kv.k_cache != NULL) {
+        kvh = is_k ? h - a.n_heads : h - a.n_heads - a.n_kv_heads;
+        slot = (uint32_t) p % MSV_KV_BLOCK;
+        off = (size_t) a.kv.pages[a.kv.page_off[a.kv.tok_seq[t]]
+                                  + p / MSV_KV_BLOCK];
+        off = ((off * a.n_kv_heads + kvh) * MSV_KV_BLOCK + slot) * hd;
+        dst = (is_k ? a.kv.k_cache : a.kv.v_cache) + off;
+    }
+
+    if (is_v) {
+        for (d = threadIdx.x; d < hd; d += blockDim.x) {
+            row[d] = s[d];
+            if (dst != NULL) {
+                dst[d] = s[d];
+            }
+        }
+        return;
+    }
+
+    /* Hugging Face: cos/sin of the fp32 product position * inv_freq,
+     * x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1). */
+    for (d = threadIdx.x; d < half; d += blockDim.x) {
+        ang = __fmul_rn((float) p, a.inv_freq[d]);
+        sincosf(ang, &sn, &cs);
+        x0 = s[d];
+        x1 = s[d + half];
+        y0 = x0 * cs - x1 * sn;
+        y1 = x1 * cs + x0 * sn;
+        row[d] = y0;
+        row[d + half] = y1;
+        if (dst != NULL) {
+            dst[d] = y0;
+            dst[d + half] = y1;
+        }
+    }
+}
+
+cudaError_t
+qkv_rope_forward(const struct msv_qkv_args *a, cudaStream_t stream)
+{
+    dim3  grid;
+
+    if (a->n_tokens == 0) {
+        return cudaSuccess;
+    }
+
+    grid = dim3(a->n_tokens, a->n_heads + 2 * a->n_kv_heads);
+    qkv_rope_kernel<<<grid, MSV_ROPE_THREADS, a->head_dim * sizeof(float),
+                      stream>>>(*a);
+    return cudaGetLastError();
+}
