@@ -21,8 +21,10 @@ void msv_slot_unclaim(struct msv_ctrl *c, uint32_t i);
 
 /*
  * Reader: fill a claimed slot and publish it (SUBMITTED, release).
- * Returns the request's cookie (never 0).  The caller then kicks the
- * worker's eventfd.  Checks nothing: validate before.
+ * Returns the request's cookie (never 0), or 0 when the slot is not
+ * CLAIMED by this process or n_prompt / params->n_bias exceed the
+ * region's limits.  The caller then kicks the worker's eventfd.  Checks
+ * nothing else: validate the parameters before.
  */
 uint64_t msv_slot_submit(struct msv_ctrl *c, uint32_t i,
     const char *request_id, const struct msv_params *params,
@@ -43,9 +45,13 @@ uint32_t msv_slot_state(struct msv_ctrl *c, uint32_t i);
 void msv_slot_census(struct msv_ctrl *c, uint32_t out[6]);
 
 /*
- * Worker: free every slot owned by a reader that is gone (by reader index,
- * or by a dead pid for slots still CLAIMED).  Returns how many it freed;
- * running ones are listed in out (up to max) so the scheduler drops them.
+ * Worker: free every slot owned by a reader that is gone.  reader >= 0:
+ * slots past CLAIMED whose reader index is `reader`, unless that entry is
+ * ATTACHED by the slot's own pid (a live reader reusing the index).
+ * reader == -1: slots in any state whose owner pid is dead.  Every freed
+ * slot is listed in out; once max are listed the rest wait for the next
+ * call (call again while it returns max).  out == NULL: free them all.
+ * Returns how many it freed.
  */
 uint32_t msv_slots_reap(struct msv_ctrl *c, int reader, uint32_t *out,
     uint32_t max);

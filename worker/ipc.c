@@ -81,11 +81,31 @@ msv_ipc_init(struct msv_ipc *x, struct msv_ctrl *c,
 }
 
 
+/* Free the slots of reader entry i and forget their sequences. */
+static void
+msv_ipc_reap(struct msv_ipc *x, uint32_t i)
+{
+    uint32_t  slots[256], n, k, total;
+
+    total = 0;
+    do {
+        n = msv_slots_reap(x->c, (int) i, slots, 256);
+        for (k = 0; k < n && k < 256; k++) {
+            x->forget(x->forget_ud, slots[k]);
+        }
+        total += n;
+    } while (n == 256);
+
+    if (total) {
+        msv_info("reader %u: freed %u slots", i, total);
+    }
+}
+
+
 static void
 msv_ipc_evict(struct msv_ipc *x, uint32_t i, const char *why)
 {
     int32_t   pid;
-    uint32_t  slots[256], n, k, total;
     uint64_t  w = atomic_load_explicit(&msv_reader_at(x->c, i)->state,
                                        memory_order_relaxed);
 
@@ -114,18 +134,7 @@ msv_ipc_evict(struct msv_ipc *x, uint32_t i, const char *why)
     x->pid[i] = 0;
     msv_reader_evict(x->c, i);
 
-    total = 0;
-    do {
-        n = msv_slots_reap(x->c, (int) i, slots, 256);
-        for (k = 0; k < n && k < 256; k++) {
-            x->forget(x->forget_ud, slots[k]);
-        }
-        total += n;
-    } while (n == 256);
-
-    if (total) {
-        msv_info("reader %u: freed %u slots", i, total);
-    }
+    msv_ipc_reap(x, i);
 }
 
 
@@ -149,14 +158,13 @@ msv_ipc_accept(struct msv_ipc *x)
         w.magic = MSV_WELCOME_MAGIC;
         w.generation = x->c->generation;
 
-        if (msv_reader_admit(x->c, &h,
-                             atomic_load_explicit(&x->c->head,
-                                                  memory_order_relaxed),
-                             &tail) != 0)
-        {
-            msv_warn("reader hello rejected (entry %u, pid %d)",
-                     h.reader, (int) h.pid);
-            w.status = -EINVAL;
+        w.status = msv_reader_admit(x->c, &h,
+                                    atomic_load_explicit(&x->c->head,
+                                                         memory_order_relaxed),
+                                    &tail);
+        if (w.status != 0) {
+            msv_warn("reader hello rejected (entry %u, pid %d): %s",
+                     h.reader, (int) h.pid, strerror(-w.status));
             msv_send_welcome(conn, &w, x->evfd);
             close(conn);
             if (evfd >= 0) {
@@ -165,12 +173,22 @@ msv_ipc_accept(struct msv_ipc *x)
             continue;
         }
 
-        if (x->conn[h.reader] >= 0) {       /* stale entry: replace */
-            msv_ipc_evict(x, h.reader, "replaced");
-            msv_reader_admit(x->c, &h,
-                             atomic_load_explicit(&x->c->head,
-                                                  memory_order_relaxed),
-                             &tail);
+        if (x->conn[h.reader] >= 0) {
+            /*
+             * The entry's previous holder left without our noticing its
+             * EOF yet: drop its connection and slots (reap never frees
+             * the slots of the pid now attached there), keep the new one.
+             */
+            msv_info("reader %u: previous holder pid %d replaced",
+                     h.reader, (int) x->pid[h.reader]);
+            epoll_ctl(x->epfd, EPOLL_CTL_DEL, x->conn[h.reader], NULL);
+            close(x->conn[h.reader]);
+            x->conn[h.reader] = -1;
+            if (x->prod->wake_fd[h.reader] >= 0) {
+                close(x->prod->wake_fd[h.reader]);
+                x->prod->wake_fd[h.reader] = -1;
+            }
+            msv_ipc_reap(x, h.reader);
         }
 
         w.tail = tail;

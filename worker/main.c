@@ -385,7 +385,7 @@ main(int argc, char **argv)
         return 1;
     }
 
-    msv_info("%d tensors ready in %.1f s", w.n,
+    msv_info("%d tensors loaded in %.1f s", w.n,
              (double) (msv_now_ns() - t0) / 1e9);
 
     if (o.max_model_len == 0) {

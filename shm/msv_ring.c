@@ -1,0 +1,520 @@
+/*
+ * msv_ring.c: the output ring, one producer and many consumers.
+ *
+ * Indices (ctrl->head, every reader's tail) count bytes and never wrap in
+ * practice (2^64); a position in the ring is index & (cap - 1).  The
+ * producer owns head, each consumer owns its tail.
+ *
+ * Memory ordering.  Every acquire and release names its partner:
+ *
+ *   R1  producer: release store of ctrl->head after a record is written
+ *   A1  consumer: acquire load of ctrl->head before reading records
+ *       A1 pairs with R1: record bytes are visible once head covers them.
+ *
+ *   R0  consumer: release store of its tail after it is done with a record
+ *   A0  producer: acquire load of each tail in msv_ring_min_tail
+ *       A0 pairs with R0: the consumer's reads of a record happen before
+ *       the producer's writes over the same bytes.
+ *
+ *   R2  worker: release CAS of a reader entry to ATTACHED (msv_link.c)
+ *   A2  producer: acquire load of the entry state in msv_ring_min_tail
+ *       A2 pairs with R2: the tail written at admission is seen with it.
+ *
+ *   F1  producer: seq_cst fence between storing head and reading `armed`
+ *   F0  consumer: seq_cst store of `armed`, then seq_cst load of head
+ *       F1 and F0 form a Dekker pair: either the producer sees armed == 1
+ *       and writes the eventfd, or the consumer sees the new head and
+ *       does not sleep.  A wakeup is never lost.
+ *
+ *   F2  worker: seq_cst fence after an eviction (msv_reader_evict)
+ *   F3  consumer: acquire fence before rechecking its entry after reading
+ *       F3 pairs with F2: if the consumer still sees its entry ATTACHED,
+ *       the producer had not overwritten the record it read.
+ */
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "msv_region.h"
+#include "msv_ring.h"
+
+
+#define MSV_NO_REC         (~(uint64_t) 0)
+#define MSV_REC_HDR        ((uint32_t) sizeof(struct msv_rec))
+#define MSV_ROW_MIN        ((uint32_t) sizeof(struct msv_row))
+#define MSV_ALIGN16(x)     (((x) + (MSV_REC_ALIGN - 1)) \
+                            & ~(uint64_t) (MSV_REC_ALIGN - 1))
+
+
+static int64_t msv_rows_span(const uint8_t *p, uint64_t limit,
+    uint32_t n_rows);
+static void msv_rec_close(struct msv_producer *p);
+static void msv_publish(struct msv_producer *p);
+static int msv_room(struct msv_producer *p, uint64_t end);
+static int msv_evicted(const struct msv_consumer *k);
+
+
+/* ------------------------------------------------------------------ */
+/* Shared checks                                                        */
+
+/*
+ * The bytes taken by n_rows rows laid back to back from p, none reaching
+ * past `limit`, each exactly as large as its header says its payload
+ * needs (computed in 64 bits, so garbage counts cannot wrap into a
+ * plausible size); -1 if they are not that.
+ */
+static int64_t
+msv_rows_span(const uint8_t *p, uint64_t limit, uint32_t n_rows)
+{
+    uint32_t               k;
+    uint64_t               off, want;
+    const struct msv_row  *w;
+
+    off = 0;
+    for (k = 0; k < n_rows; k++) {
+        if (off + MSV_ROW_MIN > limit) {
+            return -1;
+        }
+        w = (const struct msv_row *) (p + off);
+        want = MSV_ROW_MIN + 4 * (uint64_t) w->n_support
+               + 4 * (uint64_t) w->n_lps
+               + sizeof(struct msv_top) * (uint64_t) w->n_top;
+        want = (want + MSV_ROW_ALIGN - 1) & ~(uint64_t) (MSV_ROW_ALIGN - 1);
+        if (w->bytes != want || off + want > limit) {
+            return -1;
+        }
+        off += want;
+    }
+
+    return (int64_t) off;
+}
+
+
+uint64_t
+msv_ring_min_tail(struct msv_ctrl *c, uint64_t head)
+{
+    uint32_t            i;
+    uint64_t            w, t, lag, max_lag;
+    struct msv_reader  *r;
+
+    max_lag = 0;
+    for (i = 0; i < c->n_readers; i++) {
+        r = msv_reader_at(c, i);
+
+        /* A2: acquire, pairs with R2 (admission wrote tail, then state) */
+        w = atomic_load_explicit(&r->state, memory_order_acquire);
+        if (MSV_STATE_OF(w) != MSV_READER_ATTACHED) {
+            continue;
+        }
+
+        /* A0: acquire, pairs with R0 (the consumer is done with [.., t)) */
+        t = atomic_load_explicit(&r->tail, memory_order_acquire);
+        lag = head - t;
+        if ((int64_t) lag < 0) {
+            continue;   /* ahead of head: not a valid tail, holds nothing */
+        }
+        if (lag > max_lag) {
+            max_lag = lag;
+        }
+    }
+
+    return head - max_lag;
+}
+
+
+/* ------------------------------------------------------------------ */
+/* Producer                                                             */
+
+void
+msv_producer_init(struct msv_producer *p, struct msv_ctrl *c,
+    msv_wait_fn wait, void *wait_ud)
+{
+    int  i;
+
+    memset(p, 0, sizeof(*p));
+    p->c = c;
+    p->data = msv_ring_data(c);
+    p->cap = c->ring_bytes;
+    /* relaxed: we are the only writer of head */
+    p->head = atomic_load_explicit(&c->head, memory_order_relaxed);
+    p->rec_at = MSV_NO_REC;
+    p->wait = wait;
+    p->wait_ud = wait_ud;
+    p->limit = p->head;         /* forces a look at the tails first */
+    for (i = 0; i < MSV_MAX_READERS; i++) {
+        p->wake_fd[i] = -1;
+    }
+}
+
+
+void
+msv_ring_begin(struct msv_producer *p, uint64_t seq)
+{
+    if (p->rec_at != MSV_NO_REC) {
+        msv_ring_end(p);        /* a step left open: publish what it has */
+    }
+    p->seq = seq;
+}
+
+
+/*
+ * Wait until [.., end) may be written: no attached reader still has
+ * unread bytes there.  p->limit caches min_tail + cap; tails only grow
+ * and a newly admitted reader starts at the published head, so a cached
+ * limit is never too generous.
+ */
+static int
+msv_room(struct msv_producer *p, uint64_t end)
+{
+    uint64_t  t0, pub;
+    struct timespec  ts;
+
+    if (end <= p->limit) {
+        return 0;
+    }
+
+    t0 = 0;
+    for ( ;; ) {
+        /*
+         * Against the published head: with no reader attached the limit
+         * is head + cap, and a reader admitted now starts at that head.
+         */
+        pub = atomic_load_explicit(&p->c->head, memory_order_relaxed);
+        p->limit = msv_ring_min_tail(p->c, pub) + p->cap;
+        if (end <= p->limit) {
+            return 0;
+        }
+
+        if (t0 == 0) {
+            t0 = msv_now_ns();
+            atomic_fetch_add_explicit(&p->c->ring_waits, 1,
+                                      memory_order_relaxed);
+        }
+
+        if (p->wait != NULL) {
+            if (p->wait(p->wait_ud, msv_now_ns() - t0) != 0) {
+                return -1;
+            }
+
+        } else {
+            ts.tv_sec = 0;
+            ts.tv_nsec = 50000;
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+
+/* Write the open record's header; head moves past it (not yet public). */
+static void
+msv_rec_close(struct msv_producer *p)
+{
+    uint8_t         *at;
+    uint64_t         size;
+    struct msv_rec  *h;
+
+    at = p->data + (p->rec_at & (p->cap - 1));
+    size = MSV_ALIGN16(p->rec_bytes);
+    if (size > p->rec_bytes) {
+        memset(at + p->rec_bytes, 0, size - p->rec_bytes);
+    }
+
+    h = (struct msv_rec *) at;
+    h->bytes = (uint32_t) size;
+    h->kind = MSV_REC_STEP;
+    h->n_rows = (uint16_t) p->rec_rows;
+    h->seq = p->seq;
+
+    p->head = p->rec_at + size;
+    p->rec_at = MSV_NO_REC;
+    p->rec_bytes = 0;
+    p->rec_rows = 0;
+}
+
+
+/* Make everything up to p->head public and wake sleeping readers. */
+static void
+msv_publish(struct msv_producer *p)
+{
+    uint32_t            i;
+    uint64_t            one = 1;
+    struct msv_reader  *r;
+
+    if (atomic_load_explicit(&p->c->head, memory_order_relaxed) == p->head) {
+        return;
+    }
+
+    /* R1: release, pairs with A1 in msv_consume */
+    atomic_store_explicit(&p->c->head, p->head, memory_order_release);
+
+    /* F1: pairs with F0 in msv_consumer_arm (see the top of this file) */
+    atomic_thread_fence(memory_order_seq_cst);
+
+    for (i = 0; i < p->c->n_readers && i < MSV_MAX_READERS; i++) {
+        if (p->wake_fd[i] < 0) {
+            continue;
+        }
+        r = msv_reader_at(p->c, i);
+        if (atomic_load_explicit(&r->armed, memory_order_relaxed) == 0
+            || atomic_exchange_explicit(&r->armed, 0, memory_order_relaxed)
+               == 0)
+        {
+            continue;
+        }
+        /* EAGAIN means the counter is already huge: the reader is awake */
+        while (write(p->wake_fd[i], &one, sizeof(one)) < 0
+               && errno == EINTR)
+        {
+            /* retry */
+        }
+    }
+}
+
+
+void *
+msv_ring_reserve(struct msv_producer *p, uint32_t bytes)
+{
+    uint64_t         pos, pad, need, grow, end;
+    struct msv_rec  *h;
+
+    p->reserved = 0;
+    if (bytes < MSV_ROW_MIN || bytes % MSV_ROW_ALIGN
+        || bytes > p->c->max_row_bytes)
+    {
+        return NULL;
+    }
+
+    if (p->rec_at != MSV_NO_REC) {
+        grow = MSV_ALIGN16((uint64_t) p->rec_bytes + bytes);
+
+        /* every row is at least MSV_ROW_MIN bytes: a bound on its count */
+        if (grow <= p->c->max_rec_bytes
+            && (p->rec_at & (p->cap - 1)) + grow <= p->cap
+            && p->rec_rows + bytes / MSV_ROW_MIN <= UINT16_MAX)
+        {
+            if (msv_room(p, p->rec_at + grow) != 0) {
+                return NULL;
+            }
+            p->reserved = bytes;
+            return p->data + (p->rec_at & (p->cap - 1)) + p->rec_bytes;
+        }
+
+        /* publish this part; the step goes on in a new record */
+        if (p->rec_rows > 0) {
+            msv_rec_close(p);
+        } else {
+            p->rec_at = MSV_NO_REC;
+        }
+        msv_publish(p);
+    }
+
+    pos = p->head & (p->cap - 1);
+    need = MSV_ALIGN16((uint64_t) MSV_REC_HDR + bytes);
+    pad = pos + need > p->cap ? p->cap - pos : 0;
+    end = p->head + pad + need;
+
+    if (msv_room(p, end) != 0) {
+        return NULL;
+    }
+
+    if (pad > 0) {
+        /* a record never wraps: fill the rest of the ring with a pad */
+        h = (struct msv_rec *) (p->data + pos);
+        h->bytes = (uint32_t) pad;
+        h->kind = MSV_REC_PAD;
+        h->n_rows = 0;
+        h->seq = p->seq;
+        p->head += pad;
+    }
+
+    p->rec_at = p->head;
+    p->rec_bytes = MSV_REC_HDR;
+    p->rec_rows = 0;
+    p->reserved = bytes;
+    return p->data + (p->rec_at & (p->cap - 1)) + MSV_REC_HDR;
+}
+
+
+void
+msv_ring_commit(struct msv_producer *p, uint32_t bytes, uint32_t n_rows)
+{
+    const uint8_t  *rows;
+
+    if (p->rec_at == MSV_NO_REC || bytes > p->reserved
+        || bytes % MSV_ROW_ALIGN || (bytes == 0) != (n_rows == 0))
+    {
+        fprintf(stderr, "msv_ring_commit: %u bytes / %u rows do not match "
+                "the %u bytes reserved; rows dropped\n", bytes, n_rows,
+                p->reserved);
+        p->reserved = 0;
+        return;
+    }
+
+    /*
+     * Check the rows now, in cache, rather than let every reader find a
+     * malformed record and detach.
+     */
+    rows = p->data + (p->rec_at & (p->cap - 1)) + p->rec_bytes;
+    if (msv_rows_span(rows, bytes, n_rows) != (int64_t) bytes) {
+        fprintf(stderr, "msv_ring_commit: %u rows in %u bytes are malformed "
+                "(row bytes must equal msv_row_size of its counts); rows "
+                "dropped\n", n_rows, bytes);
+        p->reserved = 0;
+        return;
+    }
+
+    p->rec_bytes += bytes;
+    p->rec_rows += n_rows;
+    p->reserved = 0;
+}
+
+
+void
+msv_ring_end(struct msv_producer *p)
+{
+    if (p->rec_at != MSV_NO_REC) {
+        if (p->rec_rows > 0) {
+            msv_rec_close(p);
+        } else {
+            p->rec_at = MSV_NO_REC;     /* reserved, never committed */
+        }
+    }
+    msv_publish(p);     /* also covers a pad written for nothing */
+}
+
+
+/* ------------------------------------------------------------------ */
+/* Consumer                                                             */
+
+void
+msv_consumer_init(struct msv_consumer *k, struct msv_ctrl *c,
+    uint32_t reader, uint64_t tail)
+{
+    k->c = c;
+    k->me = msv_reader_at(c, reader);
+    k->data = msv_ring_data(c);
+    k->cap = c->ring_bytes;
+    k->tail = tail;
+    k->word = atomic_load_explicit(&k->me->state, memory_order_acquire);
+}
+
+
+/*
+ * F3: acquire fence, pairs with F2 in msv_reader_evict.  If we still see
+ * our entry as it was when we attached, the producer respected our tail
+ * while we read, so what we read was the record it published.
+ */
+static int
+msv_evicted(const struct msv_consumer *k)
+{
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load_explicit(&k->me->state, memory_order_relaxed)
+           != k->word;
+}
+
+
+long
+msv_consume(struct msv_consumer *k, msv_row_fn fn, void *ud)
+{
+    long                   n;
+    int64_t                span;
+    uint32_t               r;
+    uint64_t               head, avail, pos, off;
+    const uint8_t         *at;
+    const struct msv_rec  *h;
+    const struct msv_row  *w;
+
+    if (msv_evicted(k)) {
+        return -1;      /* our tail no longer holds anything */
+    }
+
+    /* A1: acquire, pairs with R1 in msv_publish */
+    head = atomic_load_explicit(&k->c->head, memory_order_acquire);
+
+    avail = head - k->tail;
+    if (avail > k->cap || avail % MSV_REC_ALIGN) {
+        return -1;      /* lapped (evicted long ago) or a bad head */
+    }
+
+    n = 0;
+    while (k->tail != head) {
+        avail = head - k->tail;
+        pos = k->tail & (k->cap - 1);
+        at = k->data + pos;
+        h = (const struct msv_rec *) at;
+
+        if (h->bytes < MSV_REC_HDR || h->bytes % MSV_REC_ALIGN
+            || h->bytes > avail || pos + h->bytes > k->cap)
+        {
+            return -1;
+        }
+
+        if (h->kind == MSV_REC_PAD) {
+            if (pos + h->bytes != k->cap || h->n_rows != 0) {
+                return -1;
+            }
+
+        } else if (h->kind == MSV_REC_STEP) {
+            if (h->bytes > k->c->max_rec_bytes || h->n_rows == 0) {
+                return -1;
+            }
+            /* the rows fill the record up to its 16-byte padding */
+            span = msv_rows_span(at + MSV_REC_HDR, h->bytes - MSV_REC_HDR,
+                                 h->n_rows);
+            if (span < 0
+                || MSV_ALIGN16(MSV_REC_HDR + (uint64_t) span) != h->bytes)
+            {
+                return -1;
+            }
+
+            if (msv_evicted(k)) {
+                return -1;      /* what we validated may not be the record */
+            }
+
+            off = MSV_REC_HDR;
+            for (r = 0; r < h->n_rows; r++) {
+                w = (const struct msv_row *) (at + off);
+                if (fn != NULL && fn(ud, h->seq, w) != 0) {
+                    return -1;  /* tail stays before this record */
+                }
+                off += w->bytes;
+                n++;
+            }
+
+        } else {
+            return -1;
+        }
+
+        if (msv_evicted(k)) {
+            return -1;          /* the rows handed to fn may be garbage */
+        }
+
+        k->tail += h->bytes;
+
+        /* R0: release, pairs with A0 in msv_ring_min_tail */
+        atomic_store_explicit(&k->me->tail, k->tail, memory_order_release);
+    }
+
+    return n;
+}
+
+
+int
+msv_consumer_arm(struct msv_consumer *k)
+{
+    uint64_t  head;
+
+    /* F0: seq_cst store then seq_cst load, pairs with F1 in msv_publish */
+    atomic_store_explicit(&k->me->armed, 1, memory_order_seq_cst);
+    head = atomic_load_explicit(&k->c->head, memory_order_seq_cst);
+
+    if (head != k->tail) {
+        /* not sleeping after all: spare the producer an eventfd write */
+        atomic_store_explicit(&k->me->armed, 0, memory_order_relaxed);
+        return 1;
+    }
+    return 0;
+}

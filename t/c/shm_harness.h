@@ -1,0 +1,564 @@
+/*
+ * shm_harness.h: shared pieces of the shm tests: a worker stand-in built
+ * from the library alone (region, listening socket, admission, eviction,
+ * the producer's wait callback), and rows whose every byte follows from
+ * (seq, row index) so a consumer in another process can check them all.
+ */
+
+#ifndef MSV_SHM_HARNESS_H
+#define MSV_SHM_HARNESS_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE         /* pipe2 */
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "msv_link.h"
+#include "msv_region.h"
+#include "msv_ring.h"
+#include "msv_slots.h"
+
+
+/* ------------------------------------------------------------------ */
+/* Deterministic rows                                                   */
+
+static inline uint64_t
+hx_mix(uint64_t a, uint64_t b)
+{
+    uint64_t  z = a * 0x9e3779b97f4a7c15ULL + b + 0x632be59bd9b4e019ULL;
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+
+struct hx_spec {
+    int32_t   token;
+    uint32_t  n_support;
+    uint32_t  n_lps;
+    uint32_t  n_top;
+    uint32_t  mode;
+    uint32_t  bytes;
+};
+
+
+/*
+ * Support sizes of real traffic (1, 20, 1000, 8192 ids), the whole
+ * vocabulary with every logprob now and then (the largest row there is),
+ * random sizes, all three mask modes, abort rows.
+ */
+static inline void
+hx_spec_of(uint64_t seq, uint32_t idx, uint32_t vocab, uint32_t max_lp,
+    struct hx_spec *sp)
+{
+    uint64_t  r = hx_mix(seq, idx);
+    uint32_t  k = (uint32_t) (r % 64), n;
+
+    if (k < 16) {
+        n = 1;
+    } else if (k < 28) {
+        n = 20;
+    } else if (k < 36) {
+        n = 1000;
+    } else if (k < 40) {
+        n = 8192;
+    } else if (k == 40) {
+        n = vocab;
+    } else {
+        n = (uint32_t) ((r >> 8) % 2001);
+    }
+    if (n > vocab) {
+        n = vocab;
+    }
+
+    memset(sp, 0, sizeof(*sp));
+    sp->token = (int32_t) ((r >> 20) % vocab);
+
+    if (k == 40) {
+        sp->mode = MSV_MASK_SUPPORT;
+        sp->n_top = max_lp;
+    } else {
+        sp->mode = (uint32_t) ((r >> 32) % 3);
+        sp->n_top = (r >> 36) % 4 == 0 ? (uint32_t) ((r >> 40) % (max_lp + 1))
+                                       : 0;
+    }
+    if (sp->mode != MSV_MASK_OFF) {
+        sp->n_support = n;
+        sp->n_lps = sp->mode == MSV_MASK_SUPPORT ? n : 1;
+    }
+    if (k != 40 && (r >> 48) % 40 == 0) {      /* an abort row */
+        sp->token = -1;
+        sp->n_support = sp->n_lps = sp->n_top = 0;
+    }
+    sp->bytes = msv_row_size(sp->n_support, sp->n_lps, sp->n_top);
+}
+
+
+/* Header and payload of row (seq, idx); payload words from a xorshift
+ * stream seeded by both, the alignment tail zero. */
+static inline void
+hx_fill(uint8_t *dst, uint64_t seq, uint32_t idx, const struct hx_spec *sp)
+{
+    uint32_t         j, nw, *wd;
+    uint64_t         x;
+    struct msv_row  *w = (struct msv_row *) dst;
+
+    memset(w, 0, sizeof(*w));
+    w->bytes = sp->bytes;
+    w->slot = idx;
+    w->cookie = hx_mix(seq ^ 0x5a5a, idx);
+    w->token = sp->token;
+    w->pos = (uint32_t) seq;
+    w->n_support = sp->n_support;
+    w->n_lps = sp->n_lps;
+    w->n_top = sp->n_top;
+    w->mode = (uint8_t) sp->mode;
+    w->finish = sp->token < 0 ? MSV_FINISH_ABORT : MSV_FINISH_NONE;
+
+    nw = (sp->bytes - (uint32_t) sizeof(*w)) / 4;
+    wd = (uint32_t *) (w + 1);
+    x = hx_mix(seq, idx) | 1;
+    for (j = 0; j < nw; j++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        wd[j] = (uint32_t) x;
+    }
+    /* the words beyond the counts are the 8-byte alignment tail */
+    j = sp->n_support + sp->n_lps + 2 * sp->n_top;
+    for ( ; j < nw; j++) {
+        wd[j] = 0;
+    }
+}
+
+
+/* 0 if w is exactly row (seq, idx) of shape *spp; else why. */
+static inline int
+hx_check(const struct msv_row *w, uint64_t seq, uint32_t idx,
+    const struct hx_spec *spp, char *why, size_t whylen)
+{
+    uint32_t         j, nw, used;
+    uint64_t         x;
+    const uint32_t  *wd;
+    struct hx_spec   sp = *spp;
+
+    if (w->bytes != sp.bytes || w->slot != idx
+        || w->cookie != hx_mix(seq ^ 0x5a5a, idx) || w->token != sp.token
+        || w->pos != (uint32_t) seq || w->n_support != sp.n_support
+        || w->n_lps != sp.n_lps || w->n_top != sp.n_top
+        || w->mode != sp.mode)
+    {
+        snprintf(why, whylen, "seq %llu row %u: header differs (bytes %u/%u "
+                 "slot %u n_support %u/%u)", (unsigned long long) seq, idx,
+                 w->bytes, sp.bytes, w->slot, w->n_support, sp.n_support);
+        return -1;
+    }
+
+    nw = (sp.bytes - (uint32_t) sizeof(*w)) / 4;
+    used = sp.n_support + sp.n_lps + 2 * sp.n_top;
+    wd = (const uint32_t *) (w + 1);
+    x = hx_mix(seq, idx) | 1;
+    for (j = 0; j < nw; j++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if (wd[j] != (j < used ? (uint32_t) x : 0)) {
+            snprintf(why, whylen, "seq %llu row %u: word %u of %u differs",
+                     (unsigned long long) seq, idx, j, nw);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+
+/* Rows in step seq: mostly a few dozen, now and then more than a ring. */
+static inline uint32_t
+hx_rows_in(uint64_t seq)
+{
+    uint64_t  r = hx_mix(seq, 0xabcdef);
+
+    return r % 23 == 0 ? 300 : 1 + (uint32_t) (r % 48);
+}
+
+
+/* Produce step seq (every row through reserve/commit).  0 or -1. */
+static inline int
+hx_produce(struct msv_producer *p, uint64_t seq, uint32_t vocab,
+    uint32_t max_lp)
+{
+    uint32_t        i, n = hx_rows_in(seq);
+    uint8_t        *dst;
+    struct hx_spec  sp;
+
+    msv_ring_begin(p, seq);
+    for (i = 0; i < n; i++) {
+        hx_spec_of(seq, i, vocab, max_lp, &sp);
+        dst = msv_ring_reserve(p, sp.bytes);
+        if (dst == NULL) {
+            return -1;
+        }
+        hx_fill(dst, seq, i, &sp);
+        msv_ring_commit(p, sp.bytes, 1);
+    }
+    msv_ring_end(p);
+    return 0;
+}
+
+
+/* A consumer's place in the stream of steps. */
+struct hx_cursor {
+    uint64_t  seq;          /* step expected next */
+    uint32_t  idx;          /* row expected next */
+    uint64_t  last_seq;     /* stop after this step */
+    uint64_t  rows;
+    uint64_t  bytes;
+    uint32_t  vocab;
+    uint32_t  max_lp;
+    int       done;
+    int       bad;
+    char      why[200];
+};
+
+
+static inline int
+hx_on_row(void *ud, uint64_t seq, const struct msv_row *w)
+{
+    struct hx_spec     sp;
+    struct hx_cursor  *k = ud;
+
+    if (k->done) {
+        return 1;       /* past our last step: stop here, not an error */
+    }
+    if (seq != k->seq) {
+        snprintf(k->why, sizeof(k->why), "expected seq %llu row %u, got seq "
+                 "%llu", (unsigned long long) k->seq, k->idx,
+                 (unsigned long long) seq);
+        k->bad = 1;
+        return -1;
+    }
+    hx_spec_of(seq, k->idx, k->vocab, k->max_lp, &sp);
+    if (hx_check(w, seq, k->idx, &sp, k->why, sizeof(k->why)) != 0) {
+        k->bad = 1;
+        return -1;
+    }
+
+    k->rows++;
+    k->bytes += w->bytes;
+    if (++k->idx == hx_rows_in(seq)) {
+        k->idx = 0;
+        k->seq++;
+        if (seq == k->last_seq) {
+            k->done = 1;
+        }
+    }
+    return 0;
+}
+
+
+/* ------------------------------------------------------------------ */
+/* Worker stand-in                                                      */
+
+struct hw;
+typedef void (*hw_hook_fn)(struct hw *w, uint64_t waited_ns);
+
+struct hw {
+    struct msv_region    rg;
+    struct msv_producer  p;
+    int                  lfd;
+    int                  kick_fd;
+    int                  conn[MSV_MAX_READERS];
+    uint32_t             attached;       /* admissions so far */
+    uint32_t             evicted;        /* readers dropped */
+    uint64_t             slots_reaped;
+    uint64_t             give_up_ns;     /* wait callback fails after */
+    int                  no_beat;        /* play a hung worker */
+    hw_hook_fn           hook;           /* test's view of a wait */
+    void                *hook_ud;
+};
+
+
+static inline void
+hw_evict(struct hw *w, uint32_t i)
+{
+    uint32_t  out[256], n;
+
+    if (w->conn[i] >= 0) {
+        close(w->conn[i]);
+        w->conn[i] = -1;
+    }
+    if (w->p.wake_fd[i] >= 0) {
+        close(w->p.wake_fd[i]);
+        w->p.wake_fd[i] = -1;
+    }
+    if (msv_reader_evict(w->rg.ctrl, i)) {
+        w->evicted++;
+        atomic_fetch_add(&w->rg.ctrl->readers_evicted, 1);
+    }
+    do {
+        n = msv_slots_reap(w->rg.ctrl, (int) i, out, 256);
+        w->slots_reaped += n;
+    } while (n == 256);
+}
+
+
+/* Heartbeat, hellos, connections that closed. */
+static inline void
+hw_service(struct hw *w)
+{
+    int                 conn, evfd, rc;
+    char                b[16];
+    ssize_t             n;
+    uint32_t            i;
+    uint64_t            tail;
+    struct msv_hello    h;
+    struct msv_welcome  wel;
+
+    if (!w->no_beat) {
+        atomic_store(&w->rg.ctrl->heartbeat_ns, msv_now_ns());
+    }
+
+    for ( ;; ) {
+        conn = msv_accept_hello(w->lfd, &h, &evfd, 1000);
+        if (conn < 0) {
+            break;
+        }
+        memset(&wel, 0, sizeof(wel));
+        wel.magic = MSV_WELCOME_MAGIC;
+        wel.generation = w->rg.ctrl->generation;
+        rc = msv_reader_admit(w->rg.ctrl, &h,
+                              atomic_load(&w->rg.ctrl->head), &tail);
+        if (rc == 0 && w->conn[h.reader] >= 0) {
+            /*
+             * The index's previous reader left and a new one took the
+             * entry before we saw the old connection's EOF: drop that
+             * connection without evicting (the entry is the new one's).
+             */
+            close(w->conn[h.reader]);
+            w->conn[h.reader] = -1;
+            close(w->p.wake_fd[h.reader]);
+            w->p.wake_fd[h.reader] = -1;
+        }
+        wel.status = rc;
+        wel.tail = rc == 0 ? tail : 0;
+        if (msv_send_welcome(conn, &wel, w->kick_fd) != 0 || rc != 0) {
+            if (rc == 0) {
+                msv_reader_evict(w->rg.ctrl, h.reader);
+            }
+            close(conn);
+            close(evfd);
+            continue;
+        }
+        w->conn[h.reader] = conn;
+        w->p.wake_fd[h.reader] = evfd;
+        w->attached++;
+        /* slots the index's previous owner left (not the new owner's) */
+        w->slots_reaped += msv_slots_reap(w->rg.ctrl, (int) h.reader, NULL,
+                                          0);
+    }
+
+    for (i = 0; i < w->rg.ctrl->n_readers; i++) {
+        if (w->conn[i] < 0) {
+            continue;
+        }
+        n = recv(w->conn[i], b, sizeof(b), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+            hw_evict(w, i);
+        }
+    }
+}
+
+
+/* The producer's wait callback. */
+static inline int
+hw_wait(void *ud, uint64_t waited_ns)
+{
+    struct hw       *w = ud;
+    struct timespec  ts = { 0, 50000 };
+
+    hw_service(w);
+    if (w->hook != NULL) {
+        w->hook(w, waited_ns);
+    }
+    if (waited_ns > w->give_up_ns) {
+        return -1;
+    }
+    nanosleep(&ts, NULL);
+    return 0;
+}
+
+
+static inline int
+hw_start(struct hw *w, const char *name, const struct msv_layout *lay)
+{
+    int   i;
+    char  err[256];
+
+    memset(w, 0, sizeof(*w));
+    for (i = 0; i < MSV_MAX_READERS; i++) {
+        w->conn[i] = -1;
+    }
+    w->give_up_ns = 20000000000ULL;
+
+    if (msv_region_create(&w->rg, name, lay, err, sizeof(err)) != 0) {
+        fprintf(stderr, "# hw_start: %s\n", err);
+        return -1;
+    }
+    w->lfd = msv_listen(w->rg.ctrl->sock_path, err, sizeof(err));
+    if (w->lfd < 0) {
+        fprintf(stderr, "# hw_start: %s\n", err);
+        return -1;
+    }
+    w->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->kick_fd < 0) {
+        return -1;
+    }
+    msv_producer_init(&w->p, w->rg.ctrl, hw_wait, w);
+    atomic_store(&w->rg.ctrl->state, MSV_WORKER_READY);
+    return 0;
+}
+
+
+/* Serve hellos until `n` readers were admitted (or 10 s pass). */
+static inline int
+hw_await_readers(struct hw *w, uint32_t n)
+{
+    uint64_t         t0 = msv_now_ns();
+    struct timespec  ts = { 0, 200000 };
+
+    while (w->attached < n) {
+        if (msv_now_ns() - t0 > 10000000000ULL) {
+            return -1;
+        }
+        hw_service(w);
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+
+/* Close everything as a dying worker would (the region stays linked). */
+static inline void
+hw_close(struct hw *w)
+{
+    uint32_t  i;
+
+    for (i = 0; i < MSV_MAX_READERS; i++) {
+        if (w->conn[i] >= 0) {
+            close(w->conn[i]);
+            w->conn[i] = -1;
+        }
+        if (w->p.wake_fd[i] >= 0) {
+            close(w->p.wake_fd[i]);
+            w->p.wake_fd[i] = -1;
+        }
+    }
+    if (w->lfd >= 0) {
+        close(w->lfd);
+        w->lfd = -1;
+    }
+    if (w->kick_fd >= 0) {
+        close(w->kick_fd);
+        w->kick_fd = -1;
+    }
+    msv_region_unmap(&w->rg);
+}
+
+
+/* ------------------------------------------------------------------ */
+/* Reader side                                                          */
+
+/*
+ * Consume through the real wakeup path until the cursor is done: consume,
+ * arm, sleep on the eventfd.  usleep_per_record > 0 makes a slow reader.
+ * Returns 0, or -1 with a message in k->why.
+ */
+static inline int
+hx_read_all(struct msv_attachment *a, struct hx_cursor *k,
+    unsigned slow_us)
+{
+    long           n;
+    uint64_t       last_check = msv_now_ns();
+    struct pollfd  pf;
+
+    while (!k->done) {
+        n = msv_consume(&a->cons, hx_on_row, k);
+        if (n < 0 && k->done && !k->bad) {
+            break;      /* stopped at the row after our last step */
+        }
+        if (n < 0) {
+            if (!k->bad) {
+                snprintf(k->why, sizeof(k->why), "msv_consume: malformed "
+                         "record or evicted at tail %llu",
+                         (unsigned long long) a->cons.tail);
+            }
+            return -1;
+        }
+        if (msv_now_ns() - last_check > 100000000ULL) {
+            last_check = msv_now_ns();
+            msv_reader_heartbeat(a);
+            if (msv_attachment_check(a) != 0) {
+                snprintf(k->why, sizeof(k->why), "attachment check failed");
+                return -1;
+            }
+        }
+        if (n > 0) {
+            if (slow_us) {
+                usleep(slow_us);
+            }
+            continue;
+        }
+        if (msv_consumer_arm(&a->cons)) {
+            continue;
+        }
+        pf.fd = a->wake_fd;
+        pf.events = POLLIN;
+        if (poll(&pf, 1, 200) < 0 && errno != EINTR) {
+            snprintf(k->why, sizeof(k->why), "poll: %s", strerror(errno));
+            return -1;
+        }
+        msv_drain(a->wake_fd);
+    }
+    return 0;
+}
+
+
+/* A unique region name for this test process. */
+static inline void
+hx_name(char *out, size_t len, const char *tag)
+{
+    snprintf(out, len, "msvt-%d-%s", (int) getpid(), tag);
+}
+
+
+/* Wait for a child; its exit status (or 128 + signal). */
+static inline int
+hx_wait_child(pid_t pid)
+{
+    int  st;
+
+    while (waitpid(pid, &st, 0) < 0) {
+        if (errno != EINTR) {
+            return -1;
+        }
+    }
+    if (WIFEXITED(st)) {
+        return WEXITSTATUS(st);
+    }
+    return 128 + WTERMSIG(st);
+}
+
+#endif /* MSV_SHM_HARNESS_H */
