@@ -86,6 +86,7 @@ struct msv_backend {
     size_t                    kv_layer_bytes;
     uint32_t                 *table;       /* [max_seqs][pages_per_seq] */
     uint32_t                 *seq_pages;   /* [max_seqs] pages held */
+    uint32_t                 *seq_len;     /* [max_seqs] tokens in KV */
     uint32_t                 *free_pages;  /* stack */
     uint32_t                  n_free;
     uint32_t                 *stamp;       /* [max_seqs] batch dedup */
@@ -271,10 +272,12 @@ msv_cpu_create(const struct msv_model_config *cfg,
     b->table = calloc((size_t) max_seqs * b->pages_per_seq,
                       sizeof(uint32_t));
     b->seq_pages = calloc(max_seqs, sizeof(uint32_t));
+    b->seq_len = calloc(max_seqs, sizeof(uint32_t));
     b->stamp = calloc(max_seqs, sizeof(uint32_t));
     b->free_pages = malloc((size_t) b->n_pages * sizeof(uint32_t));
     b->scores = malloc((size_t) b->nth * max_len * sizeof(float));
-    if (b->table == NULL || b->seq_pages == NULL || b->stamp == NULL
+    if (b->table == NULL || b->seq_pages == NULL || b->seq_len == NULL
+        || b->stamp == NULL
         || b->free_pages == NULL || b->scores == NULL)
     {
         goto nomem;
@@ -493,6 +496,7 @@ msv_cpu_kv_release(struct msv_backend *b, uint32_t seq)
         return;
     }
 
+    b->seq_len[seq] = 0;
     tab = b->table + (size_t) seq * b->pages_per_seq;
     while (b->seq_pages[seq] > 0) {
         b->free_pages[b->n_free++] = tab[--b->seq_pages[seq]];
@@ -564,6 +568,13 @@ msv_cpu_forward(struct msv_backend *b, const struct msv_batch *batch,
                      "to %llu but KV reserved for %u tokens", id,
                      (unsigned long long) batch->pos0[s] + batch->n_new[s],
                      b->seq_pages[id] * MSV_KV_BLOCK);
+            return -1;
+        }
+
+        if (batch->pos0[s] > b->seq_len[id]) {
+            snprintf(err, errlen, "cpu forward: sequence %u: first new "
+                     "position %u leaves a gap after the %u tokens in its KV",
+                     id, batch->pos0[s], b->seq_len[id]);
             return -1;
         }
 
@@ -641,6 +652,12 @@ msv_cpu_forward(struct msv_backend *b, const struct msv_batch *batch,
     }
 
     msv_cpu_matmul(b, logits, b->h, b->lm_head, NULL, rows, V, H);
+
+    for (s = 0; s < batch->n_seqs; s++) {
+        if (batch->pos0[s] + batch->n_new[s] > b->seq_len[batch->seq[s]]) {
+            b->seq_len[batch->seq[s]] = batch->pos0[s] + batch->n_new[s];
+        }
+    }
 
     return 0;
 }
@@ -1041,6 +1058,7 @@ msv_cpu_destroy(struct msv_backend *b)
 
     free(b->table);
     free(b->seq_pages);
+    free(b->seq_len);
     free(b->free_pages);
     free(b->stamp);
     free(b->scores);

@@ -831,6 +831,12 @@ test_kv_and_errors(void)
     rc = run(ops, b, 1, id, nn, p0, toks, 0, lg);
     tap_ok(rc == 0, "and a valid batch still runs (%s)", rc ? err : "ok");
 
+    p0[0] = 5;          /* 3 tokens in the KV: a gap at 3 and 4 */
+    rc = run(ops, b, 1, id, nn, p0, toks, 0, lg);
+    tap_ok(rc == -1 && strstr(err, "gap") != NULL,
+           "positions past the KV's end: %s", err);
+    p0[0] = 0;
+
     free(lg);
     ops->destroy(b);
 
