@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 /* Largest vocabulary a sampler takes: ids fit int32 and the top-p
- * weights of a whole vocabulary sum exactly in a double (< 2^53). */
+ * weights of a whole vocabulary sum exactly in a double (<= 2^53). */
 #define MSV_SAMPLER_MAX_VOCAB  (1u << 21)
 
 struct msv_sample_req {

@@ -464,8 +464,8 @@ msv_sched_sample(struct msv_sched *s, struct msv_seq *q, float *logits)
     rq.n_eos = s->n_eos;
 
     if (msv_sample(s->smp, logits, &rq, &o) != 0) {
-        msv_err("slot %u: sampler failed (non-finite logits?), aborted",
-                q->slot);
+        msv_err("slot %u: sampler failed (%s), aborted", q->slot,
+                msv_sampler_error(s->smp));
         return msv_sched_finish(s, q->slot, MSV_SLOT_RUNNING, q->cookie, -1,
                                 q->n_out, MSV_MASK_OFF, NULL,
                                 MSV_FINISH_ABORT, MSV_ABORT_INTERNAL);
