@@ -95,6 +95,7 @@ cli_parse(struct msv_ctrl *c, const char *file, unsigned line, char *text,
     double       d;
     size_t       i;
     yajl_val     root, v, sp, e;
+    const char  *mode;
     const char  *ids_path[] = { "token_ids", NULL };
     const char  *sp_path[] = { "sampling_params", NULL };
     const char  *id_path[] = { "request_id", NULL };
@@ -150,10 +151,11 @@ cli_parse(struct msv_ctrl *c, const char *file, unsigned line, char *text,
     if (v != NULL && YAJL_IS_TRUE(v)) {
         r->p.mask_mode = MSV_MASK_SELECTED;
         v = yajl_tree_get(root, mode_path, yajl_t_string);
-        if (v != NULL) {
-            if (strcmp(YAJL_GET_STRING(v), "support") == 0) {
+        mode = v != NULL ? YAJL_GET_STRING(v) : NULL;
+        if (mode != NULL) {
+            if (strcmp(mode, "support") == 0) {
                 r->p.mask_mode = MSV_MASK_SUPPORT;
-            } else if (strcmp(YAJL_GET_STRING(v), "selected") != 0) {
+            } else if (strcmp(mode, "selected") != 0) {
                 yajl_tree_free(root);
                 return cli_fail(file, line, "sampling_logprobs_mode: "
                                 "selected or support");
