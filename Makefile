@@ -60,23 +60,23 @@ $(B)/libmsv_worker.a: $(WORKER_OBJ) $(CU_OBJ)
 	$(AR) rcs $@ $^
 
 $(B)/maskserve-worker: $(B)/worker/main.o $(LIBS)
-	$(CC) $(CFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
 
 $(B)/maskserve-cli: $(B)/tools/maskserve-cli.o $(B)/libmsv_shm.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 tests: $(TESTS)
 
 $(B)/t/%: t/c/%.c $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -It/c -Ingx_module $(CFLAGS) -MMD -MP -o $@ $< \
+	$(CC) $(CPPFLAGS) -It/c -Ingx_module $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< \
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 bench: $(BENCH)
 
 $(B)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -Ingx_module $(CFLAGS) -O3 -MMD -MP -o $@ $< \
+	$(CC) $(CPPFLAGS) -Ingx_module $(CFLAGS) $(LDFLAGS) -O3 -MMD -MP -o $@ $< \
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # The nginx dynamic module, built against Debian's nginx-dev sources.

@@ -3,7 +3,7 @@
  * every row as a JSON line.  Used by tests and for debugging, besides
  * nginx.
  *
- *   maskserve-cli --shm NAME [--requests FILE] [--timeout SEC]
+ *   maskserve-cli --shm NAME [--requests FILE] [--timeout SEC] [--summary]
  *   maskserve-cli --shm NAME --stats
  *
  * FILE (default: standard input) holds one request per line, in the JSON
@@ -18,6 +18,10 @@
  * and one line per finished request:
  *   {"request_id":"a","done":true,"seed":42,"completion_tokens":16,
  *    "finish":"length","abort_reason":null}
+ * With --summary, rows are counted and checked (order, sampled token in
+ * its support) instead of printed, and one line sums up the run:
+ *   {"requests":64,"tokens":1024,"mask_ids":20480,"row_bytes":...,
+ *    "seconds":1.5,"tokens_per_s":682.7}
  * Exit status: 0 when every request ended (whatever its finish reason),
  * 1 on a worker failure or timeout, 2 on bad input.
  */
@@ -58,6 +62,10 @@ struct cli {
     uint32_t               next_submit;
     struct cli_req       **by_slot;
     int                    failed;
+    int                    summary;       /* count, check, don't print */
+    uint64_t               tokens;
+    uint64_t               mask_ids;
+    uint64_t               row_bytes;
 };
 
 static const char *cli_finish[] = { "null", "\"stop\"", "\"length\"",
@@ -328,6 +336,25 @@ cli_print_row(struct cli_req *r, uint64_t seq, const struct msv_row *w)
 }
 
 
+/* The sampled token is in its ascending support row. */
+static int
+cli_in_support(const struct msv_row *w)
+{
+    uint32_t       lo = 0, hi = w->n_support, mid;
+    const int32_t *ids = msv_row_ids(w);
+
+    while (lo < hi) {
+        mid = (lo + hi) / 2;
+        if (ids[mid] < w->token) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < w->n_support && ids[lo] == w->token;
+}
+
+
 static int
 cli_on_row(void *ud, uint64_t seq, const struct msv_row *w)
 {
@@ -352,15 +379,29 @@ cli_on_row(void *ud, uint64_t seq, const struct msv_row *w)
         r->next_pos = w->pos + 1;
     }
 
-    cli_print_row(r, seq, w);
+    if (k->summary) {
+        k->tokens += w->token >= 0;
+        k->mask_ids += w->n_support;
+        k->row_bytes += w->bytes;
+        if (w->n_support && !cli_in_support(w)) {
+            fprintf(stderr, "maskserve-cli: %s: token %d not in its row %u\n",
+                    r->id, w->token, w->pos);
+            k->failed = 1;
+        }
+    } else {
+        cli_print_row(r, seq, w);
+    }
 
     if (w->finish != MSV_FINISH_NONE) {
         sl = msv_slot_at(k->a.rg.ctrl, w->slot);
-        printf("{\"request_id\":\"%s\",\"done\":true,\"seed\":%llu,"
-               "\"completion_tokens\":%u,\"finish\":%s,\"abort_reason\":%s}\n",
-               r->id, (unsigned long long) sl->seed_used, r->next_pos,
-               cli_finish[w->finish & 3],
-               cli_abort[w->abort_reason <= 5 ? w->abort_reason : 5]);
+        if (!k->summary) {
+            printf("{\"request_id\":\"%s\",\"done\":true,\"seed\":%llu,"
+                   "\"completion_tokens\":%u,\"finish\":%s,"
+                   "\"abort_reason\":%s}\n", r->id,
+                   (unsigned long long) sl->seed_used, r->next_pos,
+                   cli_finish[w->finish & 3],
+                   cli_abort[w->abort_reason <= 5 ? w->abort_reason : 5]);
+        }
         msv_slot_release(k->a.rg.ctrl, w->slot, w->cookie);
         k->by_slot[w->slot] = NULL;
         r->done = 1;
@@ -437,10 +478,12 @@ main(int argc, char **argv)
         { "requests", required_argument, 0, 'r' },
         { "timeout",  required_argument, 0, 't' },
         { "stats",    no_argument,       0, 'S' },
+        { "summary",  no_argument,       0, 'U' },
         { "help",     no_argument,       0, 'h' },
         { 0, 0, 0, 0 }
     };
 
+    memset(&k, 0, sizeof(k));
     name = "maskserve-0";
     file = "-";
     timeout = 120;
@@ -452,9 +495,10 @@ main(int argc, char **argv)
         case 'r': file = optarg; break;
         case 't': timeout = atof(optarg); break;
         case 'S': stats = 1; break;
+        case 'U': k.summary = 1; break;
         case 'h':
             printf("usage: maskserve-cli --shm NAME [--requests FILE] "
-                   "[--timeout SEC] | --shm NAME --stats\n");
+                   "[--timeout SEC] [--summary] | --shm NAME --stats\n");
             return 0;
         default:
             return 2;
@@ -465,7 +509,6 @@ main(int argc, char **argv)
         return cli_stats(name);
     }
 
-    memset(&k, 0, sizeof(k));
     if (msv_attach(&k.a, name, err, sizeof(err)) != 0) {
         fprintf(stderr, "maskserve-cli: %s\n", err);
         return 1;
@@ -534,6 +577,18 @@ main(int argc, char **argv)
         if (epoll_wait(ep, evs, 4, 100) > 0) {
             msv_drain(k.a.wake_fd);
         }
+    }
+
+    if (k.summary) {
+        double  sec = (double) (msv_now_ns() - t0) / 1e9;
+
+        printf("{\"requests\":%u,\"tokens\":%llu,\"mask_ids\":%llu,"
+               "\"row_bytes\":%llu,\"seconds\":%.3f,"
+               "\"tokens_per_s\":%.1f}\n", k.n_reqs,
+               (unsigned long long) k.tokens,
+               (unsigned long long) k.mask_ids,
+               (unsigned long long) k.row_bytes, sec,
+               sec > 0 ? (double) k.tokens / sec : 0.0);
     }
 
     msv_detach(&k.a);
