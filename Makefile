@@ -87,11 +87,11 @@ deps:
 	sh tools/deps.sh
 
 test: deps
-	$(MAKE) all
+	$(MAKE) -j2 all
 	MSV_BUILD=$(abspath $(B)) prove $(TESTS) t/*.t
 
 run: deps
-	$(MAKE) all
+	$(MAKE) -j2 all
 	B=$(abspath $(B)) MODEL=$(MODEL) PORT=$(PORT) sh tools/run.sh
 
 clean:
