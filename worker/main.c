@@ -412,15 +412,21 @@ main(int argc, char **argv)
         return 1;
     }
 
+    msv_info("building the %s backend: %s, %llu parameters, %s",
+             ops->name, msv_arch_name(cfg.arch),
+             (unsigned long long) msv_config_n_params(&cfg),
+             msv_dtype_name(cfg.dtype));
+    t0 = msv_now_ns();
     be = ops->create(&cfg, &w, o.max_num_seqs, o.max_model_len, o.kv_tokens,
                      o.threads, err, sizeof(err));
     if (be == NULL) {
         fprintf(stderr, "maskserve-worker: %s backend: %s\n", ops->name, err);
         return 1;
     }
-    msv_info("%s backend ready: %u sequences x %u tokens, %llu KV tokens",
-             ops->name, o.max_num_seqs, o.max_model_len,
-             (unsigned long long) ops->kv_free(be));
+    msv_info("%s backend ready in %.1f s: %u sequences x %u tokens, "
+             "%llu KV tokens", ops->name,
+             (double) (msv_now_ns() - t0) / 1e9, o.max_num_seqs,
+             o.max_model_len, (unsigned long long) ops->kv_free(be));
 
     /* region */
     memset(&lay, 0, sizeof(lay));

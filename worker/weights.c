@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "model.h"
 #include "safetensors.h"
 
@@ -197,6 +198,7 @@ msv_weights_load_index(const char *dir, const char *index,
         if (msv_st_load(path, w, err, errlen) != 0) {
             goto failed;
         }
+        msv_info("mapped %s (%d tensors so far)", path, w->n);
     }
 
     /* every tensor the index names is in the shard it names */
