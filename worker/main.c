@@ -42,6 +42,7 @@ struct msv_opts {
     uint64_t     seed;
     int          has_seed;
     int          threads;
+    int          sample_threads;
     double       reader_timeout;
     double       drain_timeout;
 };
@@ -79,6 +80,8 @@ msv_usage(FILE *f)
 "  --seed N                 seed for requests that bring none (default:\n"
 "                           random)\n"
 "  --threads N              CPU backend threads (default: all cores)\n"
+"  --sample-threads N       threads sampling the rows of a step (default:\n"
+"                           one per core, at most 16)\n"
 "  --reader-timeout SEC     evict a reader that stalls the ring (default 10)\n"
 "  --drain-timeout SEC      on SIGTERM, wait for readers (default 2)\n"
 "  --log-level LEVEL        error, warn, info, debug (default info)\n");
@@ -137,6 +140,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "ring-bytes",             required_argument, 0, 'r' },
         { "seed",                   required_argument, 0, 'S' },
         { "threads",                required_argument, 0, 't' },
+        { "sample-threads",         required_argument, 0, 'T' },
         { "reader-timeout",         required_argument, 0, 'R' },
         { "drain-timeout",          required_argument, 0, 'D' },
         { "log-level",              required_argument, 0, 'v' },
@@ -221,6 +225,14 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
                 return -1;
             }
             o->threads = (int) v;
+            break;
+        case 'T':
+            if (msv_parse_u64("--sample-threads", optarg, &v, 0) || v > 16) {
+                fprintf(stderr, "maskserve-worker: --sample-threads: must be "
+                        "0..16\n");
+                return -1;
+            }
+            o->sample_threads = (int) v;
             break;
         case 'R':
         case 'D':
@@ -471,8 +483,8 @@ main(int argc, char **argv)
         seed = rg.ctrl->generation ^ msv_now_ns();
     }
 
-    if (msv_sched_init(&sched, rg.ctrl, ops, be, &prod, o.max_batched, seed)
-        != 0)
+    if (msv_sched_init(&sched, rg.ctrl, ops, be, &prod, o.max_batched, seed,
+                       o.sample_threads) != 0)
     {
         fprintf(stderr, "maskserve-worker: %s\n", sched.err);
         msv_region_unlink(o.shm);

@@ -58,7 +58,8 @@ msv_slot_move(struct msv_slot *sl, uint32_t from, uint32_t to)
 int
 msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     const struct msv_backend_ops *ops, struct msv_backend *be,
-    struct msv_producer *prod, uint32_t max_batched, uint64_t seed)
+    struct msv_producer *prod, uint32_t max_batched, uint64_t seed,
+    int sample_threads)
 {
     uint32_t  i, n;
 
@@ -75,7 +76,8 @@ msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     memcpy(s->eos, c->eos_ids, sizeof(s->eos));
     s->seed_state = seed;
 
-    s->smp = msv_sampler_new(s->vocab);
+    s->pool = msv_sample_pool_new(s->vocab, sample_threads);
+    s->items = calloc(n, sizeof(struct msv_sample_item));
     s->seqs = calloc(n, sizeof(struct msv_seq));
     s->logits = ops->host_alloc != NULL
                 ? ops->host_alloc((size_t) n * s->vocab * sizeof(float))
@@ -86,7 +88,7 @@ msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     s->b_order = malloc(n * sizeof(uint32_t));
     s->b_tok = malloc((size_t) (s->max_batched + n) * sizeof(int32_t));
 
-    if (s->smp == NULL || s->seqs == NULL || s->logits == NULL
+    if (s->pool == NULL || s->items == NULL || s->seqs == NULL || s->logits == NULL
         || s->b_seq == NULL || s->b_new == NULL || s->b_pos0 == NULL
         || s->b_order == NULL || s->b_tok == NULL)
     {
@@ -132,9 +134,8 @@ msv_sched_free(struct msv_sched *s)
     free(s->b_pos0);
     free(s->b_order);
     free(s->b_tok);
-    if (s->smp != NULL) {
-        msv_sampler_free(s->smp);
-    }
+    free(s->items);
+    msv_sample_pool_free(s->pool);
     memset(s, 0, sizeof(*s));
 }
 
@@ -444,37 +445,44 @@ msv_sched_is_stop(struct msv_sched *s, struct msv_seq *q, int32_t tok)
 }
 
 
-/* Sample from one sequence's logits and emit its row. */
-static int
-msv_sched_sample(struct msv_sched *s, struct msv_seq *q, float *logits)
+/* The sampler's view of one sequence at its next output position. */
+static void
+msv_sched_prepare(struct msv_sched *s, struct msv_seq *q, float *logits,
+    struct msv_sample_item *it)
 {
-    uint32_t               finish, pos;
-    struct msv_sample_out  o;
-    struct msv_sample_req  rq;
+    memset(&it->rq, 0, sizeof(it->rq));
+    it->logits = logits;
+    it->rq.p = &q->p;
+    it->rq.bias = q->bias;
+    it->rq.seed = q->seed;
+    it->rq.t = q->n_out;
+    it->rq.prompt = q->toks;
+    it->rq.n_prompt = q->n_prompt;
+    it->rq.out = q->toks + q->n_prompt;
+    it->rq.eos = s->eos;
+    it->rq.n_eos = s->n_eos;
+}
 
-    memset(&rq, 0, sizeof(rq));
-    rq.p = &q->p;
-    rq.bias = q->bias;
-    rq.seed = q->seed;
-    rq.t = q->n_out;
-    rq.prompt = q->toks;
-    rq.n_prompt = q->n_prompt;
-    rq.out = q->toks + q->n_prompt;
-    rq.eos = s->eos;
-    rq.n_eos = s->n_eos;
 
-    if (msv_sample(s->smp, logits, &rq, &o) != 0) {
-        msv_err("slot %u: sampler failed (%s), aborted", q->slot,
-                msv_sampler_error(s->smp));
+/* Take a sampled token: history, finish conditions, its row. */
+static int
+msv_sched_take(struct msv_sched *s, struct msv_seq *q,
+    const struct msv_sample_item *it)
+{
+    uint32_t                      finish, pos;
+    const struct msv_sample_out  *o = &it->out;
+
+    if (it->rc != 0) {
+        msv_err("slot %u: sampler failed (%s), aborted", q->slot, it->err);
         return msv_sched_finish(s, q->slot, MSV_SLOT_RUNNING, q->cookie, -1,
                                 q->n_out, MSV_MASK_OFF, NULL,
                                 MSV_FINISH_ABORT, MSV_ABORT_INTERNAL);
     }
 
     pos = q->n_out;
-    q->toks[q->n_prompt + q->n_out++] = o.token;
+    q->toks[q->n_prompt + q->n_out++] = o->token;
 
-    if (msv_sched_is_stop(s, q, o.token)) {
+    if (msv_sched_is_stop(s, q, o->token)) {
         finish = MSV_FINISH_STOP;
     } else if (q->n_out >= q->max_out) {
         finish = MSV_FINISH_LENGTH;
@@ -486,14 +494,14 @@ msv_sched_sample(struct msv_sched *s, struct msv_seq *q, float *logits)
 
     if (finish != MSV_FINISH_NONE) {
         return msv_sched_finish(s, q->slot, MSV_SLOT_RUNNING, q->cookie,
-                                o.token, pos, q->p.mask_mode, &o, finish,
+                                o->token, pos, q->p.mask_mode, o, finish,
                                 MSV_ABORT_NONE);
     }
 
     msv_slot_at(s->c, q->slot)->n_out = q->n_out;
     q->phase = MSV_SEQ_DECODE;
-    return msv_sched_row(s, q->slot, q->cookie, o.token, pos, q->p.mask_mode,
-                         &o, MSV_FINISH_NONE, MSV_ABORT_NONE);
+    return msv_sched_row(s, q->slot, q->cookie, o->token, pos, q->p.mask_mode,
+                         o, MSV_FINISH_NONE, MSV_ABORT_NONE);
 }
 
 
@@ -501,7 +509,7 @@ int
 msv_sched_step(struct msv_sched *s)
 {
     int              did;
-    uint32_t         i, nb, ntok, budget, take, *out_row;
+    uint32_t         i, nb, ns, ntok, budget, take, *out_row;
     struct msv_seq  *q;
     struct msv_slot *sl;
     struct msv_batch b;
@@ -592,15 +600,24 @@ msv_sched_step(struct msv_sched *s)
             return -1;
         }
 
+        /* sample every sequence whose prompt is complete, in parallel;
+         * then take the tokens and write the rows in batch order */
+        ns = 0;
         for (i = 0; i < nb; i++) {
             q = &s->seqs[out_row[i]];
             q->n_kv += s->b_new[i];
             if (q->phase == MSV_SEQ_PREFILL && q->n_kv < q->n_prompt) {
                 continue;           /* chunk of a longer prompt */
             }
-            if (msv_sched_sample(s, q, s->logits + (size_t) i * s->vocab)
-                != 0)
-            {
+            s->b_seq[ns] = out_row[i];
+            msv_sched_prepare(s, q, s->logits + (size_t) i * s->vocab,
+                              &s->items[ns++]);
+        }
+
+        msv_sample_pool_run(s->pool, s->items, ns);
+
+        for (i = 0; i < ns; i++) {
+            if (msv_sched_take(s, &s->seqs[s->b_seq[i]], &s->items[i]) != 0) {
                 return -1;
             }
         }

@@ -11,6 +11,7 @@
 #include "../shm/msv_ring.h"
 #include "../shm/msv_shm.h"
 #include "backend.h"
+#include "sample_pool.h"
 #include "sampler.h"
 
 #ifdef __cplusplus
@@ -41,7 +42,7 @@ struct msv_sched {
     struct msv_ctrl                *c;
     const struct msv_backend_ops   *ops;
     struct msv_backend             *be;
-    struct msv_sampler             *smp;
+    struct msv_sample_pool         *pool;
     struct msv_producer            *prod;
 
     struct msv_seq                 *seqs;       /* [n_slots] */
@@ -59,6 +60,7 @@ struct msv_sched {
     uint32_t                       *b_pos0;
     int32_t                        *b_tok;
     uint32_t                       *b_order;    /* FIFO admission */
+    struct msv_sample_item         *items;      /* rows to sample */
 
     uint64_t                        step;
     uint64_t                        seed_state;
@@ -69,7 +71,8 @@ struct msv_sched {
 
 int msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     const struct msv_backend_ops *ops, struct msv_backend *be,
-    struct msv_producer *prod, uint32_t max_batched, uint64_t seed);
+    struct msv_producer *prod, uint32_t max_batched, uint64_t seed,
+    int sample_threads);
 void msv_sched_free(struct msv_sched *s);
 
 /*
