@@ -400,7 +400,8 @@ msv_sched_admit(struct msv_sched *s)
         memcpy(q->bias, msv_slot_bias(s->c, sl),
                (size_t) q->p.n_bias * sizeof(struct msv_bias));
         q->seed = q->p.has_seed ? q->p.seed
-                                : msv_splitmix64(&s->seed_state) >> 1;
+                                : msv_splitmix64(&s->seed_state)
+                                  & ((1ULL << 53) - 1);   /* exact in JSON */
         sl->seed_used = q->seed;
         sl->n_out = 0;
         sl->t_start_ns = msv_now_ns();

@@ -1,0 +1,193 @@
+/*
+ * ngx_http_maskserve_module.h: the types shared by the module's files:
+ * configuration, the per-process state of each worker region, and the
+ * per-request context.
+ *
+ * A location names the worker regions it uses (maskserve_worker).  Every
+ * nginx worker process attaches to each region once (see
+ * ngx_http_maskserve_link.c), reads every row the maskserve worker
+ * publishes and hands the rows of its own requests to their contexts,
+ * which format them straight into output buffers.
+ */
+
+#ifndef NGX_HTTP_MASKSERVE_MODULE_H
+#define NGX_HTTP_MASKSERVE_MODULE_H
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "msv_shm.h"
+#include "msv_link.h"
+#include "ngx_http_maskserve_redis.h"
+
+
+#define NGX_HTTP_MASKSERVE_FLUSH_STEP      0
+#define NGX_HTTP_MASKSERVE_FLUSH_INTERVAL  1
+
+/* the watchdog period of an in-flight request */
+#define NGX_HTTP_MASKSERVE_WATCHDOG        1000
+
+/*
+ * Output buffers are allocated this large: small for streams, which send
+ * one event at a time, larger for whole non-streaming bodies.
+ */
+#define NGX_HTTP_MASKSERVE_STREAM_BUF      4096
+#define NGX_HTTP_MASKSERVE_BODY_BUF        16384
+
+
+typedef struct ngx_http_maskserve_region_s  ngx_http_maskserve_region_t;
+typedef struct ngx_http_maskserve_ctx_s     ngx_http_maskserve_ctx_t;
+
+
+/* An error answer: HTTP status, OpenAI-style type, message, field. */
+typedef struct {
+    ngx_uint_t                     status;
+    const char                    *type;     /* "invalid_request_error" */
+    ngx_str_t                      message;
+    const char                    *param;    /* NULL: no field */
+} ngx_http_maskserve_err_t;
+
+
+/* One slot of a region as this process sees it. */
+typedef struct {
+    ngx_http_maskserve_ctx_t      *ctx;      /* NULL: orphan, request gone */
+    uint64_t                       cookie;
+    unsigned                       used:1;
+} ngx_http_maskserve_slot_t;
+
+
+struct ngx_http_maskserve_region_s {
+    ngx_str_t                      name;     /* NUL-terminated */
+    ngx_uint_t                     index;    /* in the main conf array */
+
+    /* per process, from init_process on */
+    struct msv_attachment          att;
+    ngx_connection_t              *wake;     /* att.wake_fd in the loop */
+    ngx_connection_t              *conn;     /* att.conn_fd in the loop */
+    ngx_event_t                    retry;    /* re-attach timer */
+    ngx_http_maskserve_slot_t     *slots;    /* ctrl->n_slots entries */
+    ngx_uint_t                     n_slots;
+    ngx_uint_t                     inflight; /* slots held, orphans too */
+    ngx_queue_t                    dirty;    /* contexts to flush */
+    ngx_log_t                     *log;
+    ngx_uint_t                     fails;    /* attach failures in a row */
+    ngx_msec_t                     detached_at;
+    uint64_t                       generation;
+    u_char                         err[256]; /* why it is detached */
+    unsigned                       attached:1;
+    unsigned                       consuming:1;
+};
+
+
+typedef struct {
+    ngx_array_t                    regions;  /* ngx_http_maskserve_region_t */
+
+    ngx_http_maskserve_redis_conf_t  redis;
+    ngx_flag_t                     redis_on;
+    ngx_flag_t                     used;     /* a handler is configured */
+
+    /* per process */
+    ngx_event_t                    tick;     /* heartbeat and registry */
+    ngx_msec_t                     registry_at;
+    ngx_uint_t                     id_seq;   /* generated request ids */
+    ngx_log_t                     *log;
+    unsigned                       running:1;
+} ngx_http_maskserve_main_conf_t;
+
+
+typedef struct {
+    ngx_array_t                   *regions;  /* ngx_uint_t; NULL: all */
+    ngx_uint_t                     max_prompt;    /* 0: the model's */
+    ngx_uint_t                     max_support;   /* 0: no cap */
+    ngx_uint_t                     flush;
+    ngx_msec_t                     flush_interval;
+    size_t                         output_limit;
+} ngx_http_maskserve_loc_conf_t;
+
+
+/* A growing piece of output: a chain of buffers written number by number. */
+typedef struct {
+    ngx_chain_t                   *first;
+    ngx_chain_t                  **last;     /* &tail->next */
+    ngx_buf_t                     *buf;      /* the one being written */
+    size_t                         bytes;
+    ngx_uint_t                     count;    /* elements, for commas */
+} ngx_http_maskserve_sec_t;
+
+
+struct ngx_http_maskserve_ctx_s {
+    ngx_http_request_t            *r;        /* NULL once the request is gone */
+    ngx_http_maskserve_loc_conf_t *lcf;
+    ngx_http_maskserve_region_t   *region;
+    ngx_uint_t                     slot;
+    uint64_t                       cookie;
+    ngx_str_t                      id;
+
+    uint64_t                       seed;
+    ngx_uint_t                     prompt_tokens;
+    ngx_uint_t                     completion_tokens;
+    ngx_uint_t                     mask_entries;
+    ngx_uint_t                     mode;          /* enum msv_mask_mode */
+    ngx_int_t                      logprobs;      /* -1: none */
+    ngx_uint_t                     finish;        /* enum msv_finish */
+    ngx_uint_t                     abort_reason;  /* enum msv_abort */
+
+    ngx_http_maskserve_err_t       err;           /* err.status 0: none */
+
+    /* output, formatted as rows arrive */
+    ngx_http_maskserve_sec_t       ids;
+    ngx_http_maskserve_sec_t       mask;
+    ngx_http_maskserve_sec_t       mlps;
+    ngx_http_maskserve_sec_t       lpc;
+    ngx_chain_t                   *free;
+    ngx_chain_t                   *busy;
+    size_t                         buf_size;      /* of section buffers */
+    size_t                         pending;       /* bytes in the sections */
+    size_t                         in_flight;     /* bytes handed to nginx */
+    ngx_uint_t                     events;        /* stream events sent */
+
+    ngx_event_t                    timer;         /* flush and watchdog */
+    ngx_queue_t                    queue;         /* in region->dirty */
+    void                          *redis_get;     /* pending lookup */
+
+    unsigned                       stream:1;
+    unsigned                       admitted:1;    /* holds a slot */
+    unsigned                       done:1;        /* no more rows */
+    unsigned                       finished:1;    /* final output sent */
+    unsigned                       header_sent:1;
+    unsigned                       seed_known:1;
+    unsigned                       started:1;     /* first row seen */
+    unsigned                       dirty:1;       /* in region->dirty */
+    unsigned                       cancelled:1;
+};
+
+
+extern ngx_module_t  ngx_http_maskserve_module;
+
+
+ngx_http_maskserve_region_t *ngx_http_maskserve_region(
+    ngx_http_maskserve_main_conf_t *mcf, ngx_uint_t i);
+
+/* The process's main conf once init_process ran, else NULL. */
+ngx_http_maskserve_main_conf_t *ngx_http_maskserve_process_conf(void);
+
+/* Send a JSON error answer and return what finalize expects. */
+ngx_int_t ngx_http_maskserve_send_error(ngx_http_request_t *r,
+    ngx_http_maskserve_err_t *err);
+
+/* Fill err; message is a static string or one allocated in a pool. */
+void ngx_http_maskserve_set_error(ngx_http_maskserve_err_t *err,
+    ngx_uint_t status, const char *type, const char *param,
+    u_char *message, size_t len);
+
+#define ngx_http_maskserve_error(err, st, type, param, msg)                  \
+    ngx_http_maskserve_set_error(err, st, type, param, (u_char *) msg,       \
+                                 sizeof(msg) - 1)
+
+#define NGX_HTTP_MASKSERVE_INVALID   "invalid_request_error"
+#define NGX_HTTP_MASKSERVE_SERVER    "server_error"
+#define NGX_HTTP_MASKSERVE_OVERLOAD  "overloaded"
+
+
+#endif /* NGX_HTTP_MASKSERVE_MODULE_H */

@@ -1,0 +1,782 @@
+/*
+ * ngx_http_maskserve_output.c: rows -> JSON text in the request's buffers.
+ *
+ * Buffers come in two sizes: ctx->buf_size for the sections and a small
+ * one for glue (the text between sections, the event's head and tail).
+ * Both are tagged with the module and recycled through the
+ * request's free list once nginx has sent them (ngx_chain_update_chains in
+ * ngx_http_maskserve_stream.c), so a long stream runs in constant memory.
+ */
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "msv_shm.h"
+#include "msv_json.h"
+#include "ngx_http_maskserve_module.h"
+#include "ngx_http_maskserve_output.h"
+
+
+#define NGX_HTTP_MASKSERVE_SMALL  512
+
+/* the most one number with its separator takes */
+#define MSV_ID_ROOM    (MSV_I32_MAX_CHARS + 1)
+#define MSV_F32_ROOM   (MSV_F32_MAX_CHARS + 1)
+
+
+static ngx_chain_t *ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx,
+    size_t size);
+static ngx_int_t ngx_http_maskserve_room(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, size_t need);
+static ngx_int_t ngx_http_maskserve_sec_text(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const char *s, size_t n);
+static ngx_int_t ngx_http_maskserve_sec_ids(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const int32_t *ids, uint32_t n);
+static ngx_int_t ngx_http_maskserve_sec_f32s(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const float *v, uint32_t n);
+static ngx_int_t ngx_http_maskserve_sec_top(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const struct msv_row *w);
+static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec);
+static ngx_int_t ngx_http_maskserve_glue(ngx_http_maskserve_ctx_t *ctx,
+    ngx_chain_t ***ll, const char *s, size_t n);
+static ngx_int_t ngx_http_maskserve_fail_row(ngx_http_maskserve_ctx_t *ctx,
+    ngx_uint_t status, const char *type, const char *param,
+    const char *fmt, ...);
+
+
+void
+ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx)
+{
+    ngx_http_maskserve_sec_reset(&ctx->ids);
+    ngx_http_maskserve_sec_reset(&ctx->mask);
+    ngx_http_maskserve_sec_reset(&ctx->mlps);
+    ngx_http_maskserve_sec_reset(&ctx->lpc);
+
+    ctx->buf_size = ctx->stream ? NGX_HTTP_MASKSERVE_STREAM_BUF
+                                : NGX_HTTP_MASKSERVE_BODY_BUF;
+    ctx->pending = 0;
+    ctx->in_flight = 0;
+}
+
+
+ngx_int_t
+ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
+    const struct msv_row *w)
+{
+    char  *p;
+
+    if (w->token < 0) {
+        /* an abort row carries nothing */
+        return NGX_OK;
+    }
+
+    if (w->bytes < msv_row_size(w->n_support, w->n_lps, w->n_top)) {
+        return ngx_http_maskserve_fail_row(ctx,
+                                           NGX_HTTP_INTERNAL_SERVER_ERROR,
+                                           NGX_HTTP_MASKSERVE_SERVER, NULL,
+                                           "malformed row from the worker "
+                                           "(%uD bytes)", w->bytes);
+    }
+
+    /* token_ids */
+
+    if (ngx_http_maskserve_room(ctx, &ctx->ids, MSV_ID_ROOM) != NGX_OK) {
+        goto nomem;
+    }
+
+    p = (char *) ctx->ids.buf->last;
+    if (ctx->ids.count++) {
+        *p++ = ',';
+    }
+
+    p = msv_fmt_i32(p, w->token);
+    ctx->ids.bytes += p - (char *) ctx->ids.buf->last;
+    ctx->pending += p - (char *) ctx->ids.buf->last;
+    ctx->ids.buf->last = (u_char *) p;
+
+    ctx->completion_tokens++;
+
+    /* sampling_mask and sampling_mask_logprobs */
+
+    if (ctx->mode != MSV_MASK_OFF) {
+
+        if (w->mode != ctx->mode || w->n_support == 0
+            || (ctx->mode == MSV_MASK_SELECTED && w->n_lps != 1)
+            || (ctx->mode == MSV_MASK_SUPPORT && w->n_lps != w->n_support))
+        {
+            return ngx_http_maskserve_fail_row(ctx,
+                       NGX_HTTP_INTERNAL_SERVER_ERROR,
+                       NGX_HTTP_MASKSERVE_SERVER, NULL,
+                       "the worker sent a row without the requested mask "
+                       "(mode %d, %uD ids, %uD logprobs)",
+                       (int) w->mode, w->n_support, w->n_lps);
+        }
+
+        if (ctx->lcf->max_support && w->n_support > ctx->lcf->max_support) {
+            return ngx_http_maskserve_fail_row(ctx, NGX_HTTP_BAD_REQUEST,
+                       NGX_HTTP_MASKSERVE_INVALID, "return_sampling_mask",
+                       "the sampling support of token %uD has %uD ids, more "
+                       "than maskserve_max_support %ui; lower top_k or "
+                       "top_p", w->pos, w->n_support,
+                       ctx->lcf->max_support);
+        }
+
+        if (ctx->mask.count++) {
+            if (ngx_http_maskserve_sec_text(ctx, &ctx->mask, ",", 1)
+                != NGX_OK)
+            {
+                goto nomem;
+            }
+        }
+
+        if (ngx_http_maskserve_sec_ids(ctx, &ctx->mask, msv_row_ids(w),
+                                       w->n_support)
+            != NGX_OK)
+        {
+            goto nomem;
+        }
+
+        ctx->mask_entries += w->n_support;
+
+        if (ctx->mlps.count++) {
+            if (ngx_http_maskserve_sec_text(ctx, &ctx->mlps, ",", 1)
+                != NGX_OK)
+            {
+                goto nomem;
+            }
+        }
+
+        if (ctx->mode == MSV_MASK_SELECTED) {
+            if (ngx_http_maskserve_room(ctx, &ctx->mlps, MSV_F32_ROOM)
+                != NGX_OK)
+            {
+                goto nomem;
+            }
+
+            p = msv_fmt_f32((char *) ctx->mlps.buf->last, msv_row_lps(w)[0]);
+            ctx->mlps.bytes += p - (char *) ctx->mlps.buf->last;
+            ctx->pending += p - (char *) ctx->mlps.buf->last;
+            ctx->mlps.buf->last = (u_char *) p;
+
+        } else {
+            if (ngx_http_maskserve_sec_f32s(ctx, &ctx->mlps, msv_row_lps(w),
+                                            w->n_lps)
+                != NGX_OK)
+            {
+                goto nomem;
+            }
+        }
+    }
+
+    /* logprobs.content */
+
+    if (ctx->logprobs >= 0) {
+        if (ctx->lpc.count++) {
+            if (ngx_http_maskserve_sec_text(ctx, &ctx->lpc, ",", 1)
+                != NGX_OK)
+            {
+                goto nomem;
+            }
+        }
+
+        if (ngx_http_maskserve_sec_top(ctx, &ctx->lpc, w) != NGX_OK) {
+            goto nomem;
+        }
+    }
+
+    /*
+     * A stream holds output only while the client has not taken the last
+     * event (busy): what a fast client is sent at the end of this pass
+     * does not count.  A non-streaming answer holds everything.
+     */
+    if (ctx->stream
+        ? ctx->busy && ctx->pending + ctx->in_flight > ctx->lcf->output_limit
+        : ctx->pending > ctx->lcf->output_limit)
+    {
+        if (ctx->stream) {
+            return ngx_http_maskserve_fail_row(ctx,
+                       NGX_HTTP_SERVICE_UNAVAILABLE,
+                       NGX_HTTP_MASKSERVE_OVERLOAD, NULL,
+                       "the client reads too slowly: %uz bytes of output "
+                       "waiting exceed maskserve_output_limit %uz",
+                       ctx->pending + ctx->in_flight,
+                       ctx->lcf->output_limit);
+        }
+
+        return ngx_http_maskserve_fail_row(ctx, NGX_HTTP_BAD_REQUEST,
+                   NGX_HTTP_MASKSERVE_INVALID, "sampling_params.max_tokens",
+                   "the response exceeds maskserve_output_limit %uz bytes "
+                   "after %ui tokens; use \"stream\": true or fewer tokens",
+                   ctx->lcf->output_limit, ctx->completion_tokens);
+    }
+
+    return NGX_OK;
+
+nomem:
+
+    return ngx_http_maskserve_fail_row(ctx, NGX_HTTP_INTERNAL_SERVER_ERROR,
+                                       NGX_HTTP_MASKSERVE_SERVER, NULL,
+                                       "out of memory formatting the "
+                                       "response");
+}
+
+
+ngx_int_t
+ngx_http_maskserve_output_pending(ngx_http_maskserve_ctx_t *ctx)
+{
+    return ctx->ids.count || ctx->mask.count || ctx->mlps.count
+           || ctx->lpc.count;
+}
+
+
+size_t
+ngx_http_maskserve_output_held(ngx_http_maskserve_ctx_t *ctx)
+{
+    return ctx->pending + ctx->in_flight;
+}
+
+
+ngx_chain_t *
+ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
+    ngx_uint_t final, off_t *len)
+{
+    u_char       *p;
+    ngx_buf_t    *b;
+    ngx_chain_t  *out, **ll, *cl;
+
+    static const char  *finish[] = { "null", "\"stop\"", "\"length\"",
+                                     "\"abort\"" };
+
+    out = NULL;
+    ll = &out;
+
+    /* head */
+
+    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    b = cl->buf;
+    p = b->last;
+
+    if (ctx->stream) {
+        p = ngx_cpymem(p, "data: ", 6);
+    }
+
+    /* the id is [A-Za-z0-9._:-]: nothing to escape */
+    p = ngx_cpymem(p, "{\"request_id\":\"", 15);
+    p = ngx_cpymem(p, ctx->id.data, ctx->id.len);
+    *p++ = '"';
+
+    if (ctx->seed_known) {
+        p = ngx_cpymem(p, ",\"seed\":", 8);
+        p = (u_char *) msv_fmt_u64((char *) p, ctx->seed);
+    }
+
+    p = ngx_cpymem(p, ",\"choices\":[{\"index\":0,\"token_ids\":[",
+                   sizeof(",\"choices\":[{\"index\":0,\"token_ids\":[") - 1);
+    b->last = p;
+
+    *ll = cl;
+    ll = &cl->next;
+
+    /* token_ids, then the mask and the logprobs when asked */
+
+    if (ctx->ids.first) {
+        *ll = ctx->ids.first;
+        ll = ctx->ids.last;
+    }
+
+    if (ctx->mode != MSV_MASK_OFF) {
+        if (ngx_http_maskserve_glue(ctx, &ll, "],\"sampling_mask\":[",
+                                    sizeof("],\"sampling_mask\":[") - 1)
+            != NGX_OK)
+        {
+            return NULL;
+        }
+
+        if (ctx->mask.first) {
+            *ll = ctx->mask.first;
+            ll = ctx->mask.last;
+        }
+
+        if (ngx_http_maskserve_glue(ctx, &ll,
+                                    "],\"sampling_mask_logprobs\":[",
+                                    sizeof("],\"sampling_mask_logprobs\":[")
+                                    - 1)
+            != NGX_OK)
+        {
+            return NULL;
+        }
+
+        if (ctx->mlps.first) {
+            *ll = ctx->mlps.first;
+            ll = ctx->mlps.last;
+        }
+    }
+
+    if (ctx->logprobs >= 0) {
+        if (ngx_http_maskserve_glue(ctx, &ll, "],\"logprobs\":{\"content\":[",
+                                    sizeof("],\"logprobs\":{\"content\":[")
+                                    - 1)
+            != NGX_OK)
+        {
+            return NULL;
+        }
+
+        if (ctx->lpc.first) {
+            *ll = ctx->lpc.first;
+            ll = ctx->lpc.last;
+        }
+
+        if (ngx_http_maskserve_glue(ctx, &ll, "]}", 2) != NGX_OK) {
+            return NULL;
+        }
+
+    } else {
+        if (ngx_http_maskserve_glue(ctx, &ll, "]", 1) != NGX_OK) {
+            return NULL;
+        }
+    }
+
+    /* tail */
+
+    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    b = cl->buf;
+    p = b->last;
+
+    p = ngx_cpymem(p, ",\"finish_reason\":", 17);
+    p = (u_char *) ngx_cpystrn(p, (u_char *) finish[final ? ctx->finish : 0],
+                               16);
+    p = ngx_cpymem(p, "}]", 2);
+
+    if (final) {
+        p = ngx_cpymem(p, ",\"usage\":{\"prompt_tokens\":",
+                       sizeof(",\"usage\":{\"prompt_tokens\":") - 1);
+        p = (u_char *) msv_fmt_u64((char *) p, ctx->prompt_tokens);
+        p = ngx_cpymem(p, ",\"completion_tokens\":",
+                       sizeof(",\"completion_tokens\":") - 1);
+        p = (u_char *) msv_fmt_u64((char *) p, ctx->completion_tokens);
+        *p++ = '}';
+    }
+
+    *p++ = '}';
+
+    if (ctx->stream) {
+        *p++ = '\n';
+        *p++ = '\n';
+
+        if (final) {
+            p = ngx_cpymem(p, "data: [DONE]\n\n", 14);
+        }
+    }
+
+    b->last = p;
+    *ll = cl;
+
+    /* the sections now belong to the chain */
+
+    ngx_http_maskserve_sec_reset(&ctx->ids);
+    ngx_http_maskserve_sec_reset(&ctx->mask);
+    ngx_http_maskserve_sec_reset(&ctx->mlps);
+    ngx_http_maskserve_sec_reset(&ctx->lpc);
+    ctx->pending = 0;
+
+    *len = 0;
+    for (cl = out; cl; cl = cl->next) {
+        *len += ngx_buf_size(cl->buf);
+    }
+
+    return out;
+}
+
+
+ngx_chain_t *
+ngx_http_maskserve_output_error_event(ngx_http_maskserve_ctx_t *ctx)
+{
+    u_char       *p;
+    size_t        len, esc, plen;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    esc = ngx_escape_json(NULL, ctx->err.message.data, ctx->err.message.len);
+    plen = ctx->err.param ? ngx_strlen(ctx->err.param) : 0;
+
+    len = sizeof("data: {\"error\":{\"message\":\"") - 1
+          + ctx->err.message.len + esc
+          + sizeof("\",\"type\":\"\",\"param\":\"\",\"code\":}}\n\n") - 1
+          + ngx_strlen(ctx->err.type) + plen + NGX_INT_T_LEN
+          + sizeof("data: [DONE]\n\n") - 1;
+
+    b = ngx_create_temp_buf(ctx->r->pool, len);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    cl = ngx_alloc_chain_link(ctx->r->pool);
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    p = b->last;
+    p = ngx_cpymem(p, "data: {\"error\":{\"message\":\"",
+                   sizeof("data: {\"error\":{\"message\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, ctx->err.message.data,
+                                   ctx->err.message.len);
+    p = ngx_sprintf(p, "\",\"type\":\"%s\",\"param\":", ctx->err.type);
+
+    if (ctx->err.param) {
+        p = ngx_sprintf(p, "\"%s\"", ctx->err.param);
+
+    } else {
+        p = ngx_cpymem(p, "null", 4);
+    }
+
+    p = ngx_sprintf(p, ",\"code\":%ui}}\n\ndata: [DONE]\n\n",
+                    ctx->err.status);
+    b->last = p;
+
+    cl->buf = b;
+    cl->next = NULL;
+
+    return cl;
+}
+
+
+/* A buffer of the given size class, from the free list when possible. */
+
+static ngx_chain_t *
+ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx, size_t size)
+{
+    u_char       *start;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl, **ll;
+
+    for (ll = &ctx->free; *ll; ll = &(*ll)->next) {
+        b = (*ll)->buf;
+
+        if (b->start && (size_t) (b->end - b->start) == size) {
+            cl = *ll;
+            *ll = cl->next;
+            goto found;
+        }
+    }
+
+    start = ngx_palloc(ctx->r->pool, size);
+    if (start == NULL) {
+        return NULL;
+    }
+
+    cl = ngx_alloc_chain_link(ctx->r->pool);
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    b = ngx_calloc_buf(ctx->r->pool);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    cl->buf = b;
+    b->start = start;
+    b->end = start + size;
+
+found:
+
+    b = cl->buf;
+    start = b->start;
+
+    ngx_memzero(b, sizeof(ngx_buf_t));
+
+    b->start = start;
+    b->end = start + size;
+    b->pos = start;
+    b->last = start;
+    b->temporary = 1;
+    b->tag = (ngx_buf_tag_t) &ngx_http_maskserve_module;
+
+    cl->next = NULL;
+
+    return cl;
+}
+
+
+static ngx_int_t
+ngx_http_maskserve_room(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, size_t need)
+{
+    ngx_chain_t  *cl;
+
+    if (sec->buf && (size_t) (sec->buf->end - sec->buf->last) >= need) {
+        return NGX_OK;
+    }
+
+    cl = ngx_http_maskserve_get_buf(ctx, ctx->buf_size);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    *sec->last = cl;
+    sec->last = &cl->next;
+    sec->buf = cl->buf;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_maskserve_sec_text(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const char *s, size_t n)
+{
+    if (ngx_http_maskserve_room(ctx, sec, n) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    sec->buf->last = ngx_cpymem(sec->buf->last, s, n);
+    sec->bytes += n;
+    ctx->pending += n;
+
+    return NGX_OK;
+}
+
+
+/* "[a,b,...]" into a section, across buffers when it is long. */
+
+static ngx_int_t
+ngx_http_maskserve_sec_ids(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const int32_t *ids, uint32_t n)
+{
+    char      *p, *start;
+    size_t     max, room;
+    uint32_t   i, k, end;
+
+    max = msv_json_ids_max(n);
+
+    if (max <= ctx->buf_size) {
+        if (ngx_http_maskserve_room(ctx, sec, max) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        start = (char *) sec->buf->last;
+        p = msv_json_ids(start, ids, n);
+        sec->buf->last = (u_char *) p;
+        sec->bytes += p - start;
+        ctx->pending += p - start;
+
+        return NGX_OK;
+    }
+
+    if (ngx_http_maskserve_sec_text(ctx, sec, "[", 1) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < n; i = end) {
+        if (ngx_http_maskserve_room(ctx, sec, 64 * MSV_ID_ROOM) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        room = sec->buf->end - sec->buf->last;
+        k = (uint32_t) ngx_min(room / MSV_ID_ROOM, (size_t) (n - i));
+        end = i + k;
+
+        start = (char *) sec->buf->last;
+        p = start;
+
+        for ( /* void */ ; i < end; i++) {
+            if (i) {
+                *p++ = ',';
+            }
+
+            p = msv_fmt_i32(p, ids[i]);
+        }
+
+        sec->buf->last = (u_char *) p;
+        sec->bytes += p - start;
+        ctx->pending += p - start;
+    }
+
+    return ngx_http_maskserve_sec_text(ctx, sec, "]", 1);
+}
+
+
+static ngx_int_t
+ngx_http_maskserve_sec_f32s(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const float *v, uint32_t n)
+{
+    char      *p, *start;
+    size_t     max, room;
+    uint32_t   i, k, end;
+
+    max = msv_json_f32s_max(n);
+
+    if (max <= ctx->buf_size) {
+        if (ngx_http_maskserve_room(ctx, sec, max) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        start = (char *) sec->buf->last;
+        p = msv_json_f32s(start, v, n);
+        sec->buf->last = (u_char *) p;
+        sec->bytes += p - start;
+        ctx->pending += p - start;
+
+        return NGX_OK;
+    }
+
+    if (ngx_http_maskserve_sec_text(ctx, sec, "[", 1) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < n; i = end) {
+        if (ngx_http_maskserve_room(ctx, sec, 64 * MSV_F32_ROOM) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        room = sec->buf->end - sec->buf->last;
+        k = (uint32_t) ngx_min(room / MSV_F32_ROOM, (size_t) (n - i));
+        end = i + k;
+
+        start = (char *) sec->buf->last;
+        p = start;
+
+        for ( /* void */ ; i < end; i++) {
+            if (i) {
+                *p++ = ',';
+            }
+
+            p = msv_fmt_f32(p, v[i]);
+        }
+
+        sec->buf->last = (u_char *) p;
+        sec->bytes += p - start;
+        ctx->pending += p - start;
+    }
+
+    return ngx_http_maskserve_sec_text(ctx, sec, "]", 1);
+}
+
+
+/*
+ * {"token_id":t,"logprob":lp,"top_logprobs":[{"token_id":i,"logprob":l},
+ * ...]}, as vLLM's GenerateLogProbs content entries.
+ */
+
+#define MSV_TOP_ROOM                                                          \
+    (sizeof("{\"token_id\":,\"logprob\":},") - 1 + MSV_I32_MAX_CHARS          \
+     + MSV_F32_MAX_CHARS)
+
+static ngx_int_t
+ngx_http_maskserve_sec_top(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const struct msv_row *w)
+{
+    char                  *p, *start;
+    uint32_t               i;
+    const struct msv_top  *top;
+
+    if (ngx_http_maskserve_room(ctx, sec, MSV_TOP_ROOM + 20) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    start = (char *) sec->buf->last;
+    p = start;
+
+    p = (char *) ngx_cpymem(p, "{\"token_id\":", 12);
+    p = msv_fmt_i32(p, w->token);
+    p = (char *) ngx_cpymem(p, ",\"logprob\":", 11);
+    p = msv_fmt_f32(p, w->logprob);
+    p = (char *) ngx_cpymem(p, ",\"top_logprobs\":[", 17);
+
+    sec->buf->last = (u_char *) p;
+    sec->bytes += p - start;
+    ctx->pending += p - start;
+
+    top = msv_row_top(w);
+
+    for (i = 0; i < w->n_top; i++) {
+        if (ngx_http_maskserve_room(ctx, sec, MSV_TOP_ROOM) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        start = (char *) sec->buf->last;
+        p = start;
+
+        if (i) {
+            *p++ = ',';
+        }
+
+        p = (char *) ngx_cpymem(p, "{\"token_id\":", 12);
+        p = msv_fmt_i32(p, top[i].id);
+        p = (char *) ngx_cpymem(p, ",\"logprob\":", 11);
+        p = msv_fmt_f32(p, top[i].lp);
+        *p++ = '}';
+
+        sec->buf->last = (u_char *) p;
+        sec->bytes += p - start;
+        ctx->pending += p - start;
+    }
+
+    return ngx_http_maskserve_sec_text(ctx, sec, "]}", 2);
+}
+
+
+static void
+ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec)
+{
+    sec->first = NULL;
+    sec->last = &sec->first;
+    sec->buf = NULL;
+    sec->bytes = 0;
+    sec->count = 0;
+}
+
+
+static ngx_int_t
+ngx_http_maskserve_glue(ngx_http_maskserve_ctx_t *ctx, ngx_chain_t ***ll,
+    const char *s, size_t n)
+{
+    ngx_chain_t  *cl;
+
+    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf->last = ngx_cpymem(cl->buf->last, s, n);
+
+    **ll = cl;
+    *ll = &cl->next;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_maskserve_fail_row(ngx_http_maskserve_ctx_t *ctx, ngx_uint_t status,
+    const char *type, const char *param, const char *fmt, ...)
+{
+    u_char   *msg, *last;
+    va_list   args;
+
+    msg = ngx_pnalloc(ctx->r->pool, 256);
+    if (msg == NULL) {
+        ngx_http_maskserve_error(&ctx->err, NGX_HTTP_INTERNAL_SERVER_ERROR,
+                                 NGX_HTTP_MASKSERVE_SERVER, NULL,
+                                 "out of memory");
+        return NGX_ERROR;
+    }
+
+    va_start(args, fmt);
+    last = ngx_vslprintf(msg, msg + 256, fmt, args);
+    va_end(args);
+
+    ngx_http_maskserve_set_error(&ctx->err, status, type, param, msg,
+                                 last - msg);
+
+    return NGX_ERROR;
+}

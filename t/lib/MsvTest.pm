@@ -1,0 +1,682 @@
+package MsvTest;
+
+# The end-to-end test harness: starts a real maskserve worker (dummy
+# weights, CPU backend), real redis-server and the stock nginx with the
+# built module, on free loopback ports and fresh shared-memory names; talks
+# HTTP to nginx; checks every response against the sampling-mask
+# invariants; and stops everything it started, whatever happens.
+#
+#   my $t = MsvTest->new;
+#   my $w = $t->start_worker;            # waits for "ready"
+#   $t->start_nginx;                     # waits for /health
+#   my $r = $t->generate({ token_ids => [1, 2], ... });
+#   MsvTest::check_choice($t, $req, $r->{json}{choices}[0]);
+#
+# Binaries come from $MSV_BUILD (default: build/ in the repository).
+
+use strict;
+use warnings;
+
+use Cwd qw(abs_path);
+use File::Basename qw(dirname);
+use File::Temp qw(tempdir);
+use HTTP::Tiny;
+use IO::Socket::INET;
+use JSON::PP;
+use List::Util qw(max sum);
+use POSIX qw(:sys_wait_h);
+use Test::More;
+use Time::HiRes qw(sleep time);
+
+our $ROOT = abs_path(dirname(__FILE__) . '/../..');
+our $BUILD = $ENV{MSV_BUILD} // "$ROOT/build";
+our $NGINX = $ENV{MSV_NGINX} // '/usr/sbin/nginx';
+our $REDIS = $ENV{MSV_REDIS} // '/usr/bin/redis-server';
+
+my $json = JSON::PP->new->canonical;
+my @all;    # every harness, for the END cleanup
+
+# an interrupted test still stops what it started (END runs on exit)
+$SIG{INT} = $SIG{TERM} = sub { exit 1 };
+
+sub json { $json }
+
+sub new {
+    my ($class, %opt) = @_;
+
+    my $so = "$BUILD/nginx/src/objs/ngx_http_maskserve_module.so";
+    for my $f ("$BUILD/maskserve-worker", $so, $NGINX) {
+        die "MsvTest: $f is missing: build first (make B=<dir> all, "
+            . "MSV_BUILD=<dir>)\n" unless -x $f || -f $f;
+    }
+
+    my $self = bless {
+        dir     => tempdir("msvt-XXXXXX", TMPDIR => 1, CLEANUP => 1),
+        so      => $so,
+        workers => {},
+        seq     => 0,
+        http    => HTTP::Tiny->new(timeout => 60, keep_alive => 0),
+        %opt,
+    }, $class;
+    push @all, $self;
+    return $self;
+}
+
+sub dir { $_[0]{dir} }
+
+sub free_port {
+    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1',
+                                  LocalPort => 0, Proto => 'tcp', ReuseAddr => 1)
+        or die "MsvTest: no free port: $!";
+    my $p = $s->sockport;
+    close $s;
+    return $p;
+}
+
+sub wait_for {
+    my ($cond, $timeout, $step) = @_;
+    my $end = time + ($timeout // 10);
+    while (time < $end) {
+        my $v = $cond->();
+        return $v if $v;
+        sleep($step // 0.05);
+    }
+    return $cond->();
+}
+
+sub _spawn {
+    my ($self, $log, @cmd) = @_;
+    my $pid = fork() // die "MsvTest: fork: $!";
+    if ($pid == 0) {
+        POSIX::setpgid(0, 0);
+        open STDIN, '<', '/dev/null';
+        open STDOUT, '>>', $log or die;
+        open STDERR, '>>', $log or die;
+        exec @cmd or do { print STDERR "exec $cmd[0]: $!\n"; POSIX::_exit(127) };
+    }
+    return $pid;
+}
+
+# Stop a child: signal, wait up to $timeout, then SIGKILL.
+sub _stop {
+    my ($pid, $sig, $timeout) = @_;
+    return 0 unless $pid;
+    kill $sig, $pid;
+    my $end = time + ($timeout // 10);
+    while (time < $end) {
+        my $r = waitpid($pid, WNOHANG);
+        return $? if $r == $pid || $r == -1;
+        sleep 0.05;
+    }
+    kill 'KILL', $pid;
+    waitpid($pid, 0);
+    return $?;
+}
+
+# ---------------------------------------------------------------- worker
+
+sub start_worker {
+    my ($self, %o) = @_;
+    my $name = $o{name} // sprintf("msvt-%d-%d", $$, ++$self->{seq});
+    my $log = "$self->{dir}/worker-$name.log";
+    my @args = ('--dummy', $o{model} // 'tiny', '--shm', $name,
+                '--backend', 'cpu',
+                '--max-num-seqs', $o{slots} // 64,
+                '--max-model-len', $o{max_model_len} // 512,
+                '--threads', $o{threads} // 1,
+                '--seed', $o{seed} // 1,
+                @{ $o{args} // [] });
+    my $start = -s $log // 0;
+    my $pid = $self->_spawn($log, "$BUILD/maskserve-worker", @args);
+    my $w = { name => $name, pid => $pid, log => $log, args => \@args };
+    $self->{workers}{$name} = $w;
+    my $ok = wait_for(sub {
+        return 1 if _log_has($log, $start, qr/\bready\b/);
+        return -1 if waitpid($pid, WNOHANG) == $pid;
+        return 0;
+    }, 60);
+    die "MsvTest: worker $name did not start:\n" . _tail($log) . "\n"
+        unless $ok && $ok > 0;
+    return $w;
+}
+
+sub restart_worker {
+    my ($self, $w) = @_;
+    my $log = $w->{log};
+    my $start = -s $log // 0;
+    $w->{pid} = $self->_spawn($log, "$BUILD/maskserve-worker", @{ $w->{args} });
+    my $pid = $w->{pid};
+    my $ok = wait_for(sub {
+        return 1 if _log_has($log, $start, qr/\bready\b/);
+        return -1 if waitpid($pid, WNOHANG) == $pid;
+        return 0;
+    }, 60);
+    die "MsvTest: worker $w->{name} did not restart:\n" . _tail($log) . "\n"
+        unless $ok && $ok > 0;
+    return $w;
+}
+
+# SIGTERM (clean stop) or SIGKILL (crash); returns the wait status.
+sub stop_worker {
+    my ($self, $w, $sig) = @_;
+    my $st = _stop($w->{pid}, $sig // 'TERM', 15);
+    $w->{pid} = 0;
+    return $st;
+}
+
+sub _log_has {
+    my ($log, $from, $re) = @_;
+    open my $fh, '<', $log or return 0;
+    seek $fh, $from, 0;
+    local $/;
+    my $s = <$fh> // '';
+    return $s =~ $re;
+}
+
+sub _tail {
+    my ($f, $n) = @_;
+    open my $fh, '<', $f or return "($f: $!)";
+    my @l = <$fh>;
+    $n //= 30;
+    @l = @l[-$n .. -1] if @l > $n;
+    return join '', @l;
+}
+
+# ---------------------------------------------------------------- redis
+
+sub start_redis {
+    my ($self) = @_;
+    my $port = $self->{redis_port} //= free_port();
+    my $log = "$self->{dir}/redis.log";
+    $self->{redis_pid} = $self->_spawn($log, $REDIS, '--port', $port,
+        '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+        '--daemonize', 'no', '--dir', $self->{dir});
+    wait_for(sub {
+        my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port",
+                                      Timeout => 1);
+        return 0 unless $s;
+        print $s "PING\r\n";
+        my $l = <$s> // '';
+        return $l =~ /PONG/;
+    }, 20) or die "MsvTest: redis-server did not start:\n" . _tail($log);
+    return $port;
+}
+
+sub stop_redis {
+    my ($self) = @_;
+    _stop($self->{redis_pid}, 'TERM', 10);
+    $self->{redis_pid} = 0;
+}
+
+# One command through a plain socket (inline protocol); returns the reply
+# as Perl data (arrays of bulk strings, integers, strings).
+sub redis_cmd {
+    my ($self, @args) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$self->{redis_port}",
+                                  Timeout => 5) or return undef;
+    my $req = '*' . @args . "\r\n";
+    $req .= '$' . length($_) . "\r\n$_\r\n" for @args;
+    print $s $req;
+    return _redis_reply($s);
+}
+
+sub _redis_reply {
+    my ($s) = @_;
+    my $l = <$s> // return undef;
+    $l =~ s/\r\n$//;
+    my ($t, $v) = (substr($l, 0, 1), substr($l, 1));
+    return $v if $t eq '+' || $t eq ':';
+    return "ERR $v" if $t eq '-';
+    if ($t eq '$') {
+        return undef if $v < 0;
+        my $d = '';
+        read($s, $d, $v + 2);
+        return substr($d, 0, $v);
+    }
+    if ($t eq '*') {
+        return [map { _redis_reply($s) } 1 .. $v];
+    }
+    return undef;
+}
+
+# ---------------------------------------------------------------- nginx
+
+sub nginx_conf {
+    my ($self, %o) = @_;
+    my $d = $self->{dir};
+    my @w = @{ $o{workers} // [map { $_->{name} } values %{ $self->{workers} }] };
+    my $workers = join '', map { "    maskserve_worker $_;\n" } @w;
+    my $user = $> == 0 ? "user root;\n" : '';
+    my $redis = $self->{redis_port}
+        ? "    maskserve_redis 127.0.0.1:$self->{redis_port};\n" : '';
+    my $n = $o{processes} // 2;
+    my $gen = $o{generate} // '';
+    my $http = $o{http} // '';
+    my $server = $o{server} // '';
+
+    return <<"EOF";
+load_module $self->{so};
+$user
+worker_processes $n;
+error_log $d/error.log info;
+pid $d/nginx.pid;
+worker_shutdown_timeout 30s;
+
+events {
+    worker_connections 2048;
+}
+
+http {
+    log_format msv '\$request_uri \$status id=\$maskserve_request_id '
+                   'p=\$maskserve_prompt_tokens c=\$maskserve_completion_tokens '
+                   'm=\$maskserve_mask_entries f=\$maskserve_finish_reason';
+    access_log $d/access.log msv;
+
+    client_body_temp_path $d/body;
+    proxy_temp_path $d/proxy;
+    fastcgi_temp_path $d/fastcgi;
+    uwsgi_temp_path $d/uwsgi;
+    scgi_temp_path $d/scgi;
+
+$workers$redis$http
+    server {
+        listen 127.0.0.1:$self->{port};
+
+        error_page 413 \@maskserve_413;
+
+        location \@maskserve_413 {
+            default_type application/json;
+            return 413 '{"error":{"message":"the request body is larger than client_max_body_size","type":"invalid_request_error","param":null,"code":413}}\n';
+        }
+
+        location = /inference/v1/generate {
+            maskserve_generate;
+            $gen
+        }
+
+        location = /inference/v1/abort {
+            maskserve_abort;
+        }
+
+        location /inference/v1/requests/ {
+            maskserve_request_status;
+        }
+
+        location = /health {
+            maskserve_health;
+        }
+
+$server
+    }
+}
+EOF
+}
+
+sub write_conf {
+    my ($self, %o) = @_;
+    $self->{port} //= free_port();
+    my $conf = "$self->{dir}/nginx.conf";
+    open my $fh, '>', $conf or die "MsvTest: $conf: $!";
+    print $fh $self->nginx_conf(%o);
+    close $fh;
+    return $conf;
+}
+
+sub start_nginx {
+    my ($self, %o) = @_;
+    my $conf = $self->write_conf(%o);
+    my $log = "$self->{dir}/nginx.out";
+    $self->{nginx_pid} = $self->_spawn($log, $NGINX, '-p', "$self->{dir}/",
+                                       '-c', $conf, '-g', 'daemon off;');
+    my $ok = wait_for(sub {
+        return -1 if waitpid($self->{nginx_pid}, WNOHANG) == $self->{nginx_pid};
+        my $r = $self->{http}->get($self->url('/health'));
+        return $r->{status} == 200 ? 1 : 0 unless $o{no_wait_ready};
+        return $r->{status} < 599 ? 1 : 0;
+    }, 30);
+    die "MsvTest: nginx did not start:\n" . _tail($log) . _tail("$self->{dir}/error.log")
+        unless $ok && $ok > 0;
+    return $self->{nginx_pid};
+}
+
+sub reload_nginx {
+    my ($self, %o) = @_;
+    $self->write_conf(%o) if %o;
+    kill 'HUP', $self->{nginx_pid};
+}
+
+sub stop_nginx {
+    my ($self) = @_;
+    _stop($self->{nginx_pid}, 'TERM', 20);
+    $self->{nginx_pid} = 0;
+}
+
+# pids of the nginx worker processes (children of the master)
+sub nginx_workers {
+    my ($self) = @_;
+    my @p;
+    opendir my $dh, '/proc' or return ();
+    for my $p (grep { /^\d+$/ } readdir $dh) {
+        open my $fh, '<', "/proc/$p/stat" or next;
+        my $st = <$fh> // next;
+        my ($ppid) = $st =~ /^\d+ \(.*?\) \S (\d+)/;
+        push @p, $p if defined $ppid && $ppid == $self->{nginx_pid};
+    }
+    return sort { $a <=> $b } @p;
+}
+
+sub error_log { _tail("$_[0]{dir}/error.log", $_[1] // 1000) }
+sub access_log { _tail("$_[0]{dir}/access.log", $_[1] // 1000) }
+
+# ---------------------------------------------------------------- HTTP
+
+sub url { "http://127.0.0.1:$_[0]{port}$_[1]" }
+
+# A request; $body: a reference (sent as JSON) or a string (sent as is).
+# Returns { status, headers, content, json (when the body is JSON) }.
+sub request {
+    my ($self, $method, $path, $body, %h) = @_;
+    my %opt = (headers => { 'Content-Type' => 'application/json', %h });
+    if (defined $body) {
+        $opt{content} = ref $body ? $json->encode($body) : $body;
+    }
+    my $r = $self->{http}->request($method, $self->url($path), \%opt);
+    my $res = { status => $r->{status}, headers => $r->{headers},
+                content => $r->{content} // '' };
+    if (($r->{headers}{'content-type'} // '') =~ m{application/json}) {
+        $res->{json} = eval { $json->decode($res->{content}) };
+        $res->{json_error} = $@ if $@;
+    }
+    return $res;
+}
+
+sub post { my ($self, $path, $body, %h) = @_; $self->request('POST', $path, $body, %h) }
+sub get { my ($self, $path) = @_; $self->request('GET', $path) }
+sub health { $_[0]->get('/health')->{json} }
+
+sub generate {
+    my ($self, $req) = @_;
+    return $self->post('/inference/v1/generate', { %$req, stream => JSON::PP::false });
+}
+
+# A streaming request: collects every event.  Returns { status, headers,
+# events => [decoded JSON...], done => saw [DONE], raw => body text }.
+sub stream {
+    my ($self, $req, %o) = @_;
+    my ($buf, $done, $raw, $bad) = ('', 0, '', 0);
+    my @ev;
+    my $r = $self->{http}->request('POST', $self->url('/inference/v1/generate'), {
+        headers => { 'Content-Type' => 'application/json' },
+        content => $json->encode({ %$req, stream => JSON::PP::true }),
+        data_callback => sub {
+            my ($data, $resp) = @_;
+            $raw .= $data;
+            $buf .= $data;
+            while ($buf =~ s/^(.*?)\n\n//s) {
+                my $e = $1;
+                if ($e !~ /^data: (.*)\z/s) { $bad++; next }
+                my $d = $1;
+                if ($d eq '[DONE]') { $done++; next }
+                my $j = eval { $json->decode($d) };
+                if (!$j) { $bad++; next }
+                push @ev, $j;
+                $o{on_event}->($j) if $o{on_event};
+            }
+        },
+    });
+    my $res = { status => $r->{status}, headers => $r->{headers},
+                events => \@ev, done => $done, raw => $raw,
+                bad => $bad + (length $buf ? 1 : 0) };
+    if ($r->{status} != 200
+        && ($r->{headers}{'content-type'} // '') =~ m{application/json})
+    {
+        $res->{raw} = $raw . ($r->{content} // '');
+        $res->{json} = eval { $json->decode($res->{raw}) };
+    }
+    return $res;
+}
+
+# Merge stream events into the shape of a non-streaming choice.
+sub merge_events {
+    my ($events) = @_;
+    my %c = (token_ids => [], sampling_mask => [], sampling_mask_logprobs => [],
+             logprobs => { content => [] });
+    my ($have_mask, $have_lp, %top);
+    for my $e (@$events) {
+        return undef if $e->{error};
+        my $ch = $e->{choices}[0];
+        push @{ $c{token_ids} }, @{ $ch->{token_ids} };
+        if (exists $ch->{sampling_mask}) {
+            $have_mask = 1;
+            push @{ $c{sampling_mask} }, @{ $ch->{sampling_mask} };
+            push @{ $c{sampling_mask_logprobs} }, @{ $ch->{sampling_mask_logprobs} };
+        }
+        if (exists $ch->{logprobs}) {
+            $have_lp = 1;
+            push @{ $c{logprobs}{content} }, @{ $ch->{logprobs}{content} };
+        }
+        $c{finish_reason} = $ch->{finish_reason};
+        $top{usage} = $e->{usage} if $e->{usage};
+        $top{seed} = $e->{seed} if defined $e->{seed};
+        $top{request_id} = $e->{request_id};
+    }
+    delete @c{qw(sampling_mask sampling_mask_logprobs)} unless $have_mask;
+    delete $c{logprobs} unless $have_lp;
+    $c{index} = 0;
+    return { %top, choices => [\%c] };
+}
+
+# Send a request over a raw socket and return the socket (for clients
+# that read slowly or go away).
+sub raw_post {
+    my ($self, $path, $body) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$self->{port}",
+                                  Timeout => 30) or die "connect: $!";
+    my $c = ref $body ? $json->encode($body) : $body;
+    print $s "POST $path HTTP/1.1\r\nHost: localhost\r\n"
+           . "Content-Type: application/json\r\nContent-Length: "
+           . length($c) . "\r\nConnection: close\r\n\r\n$c";
+    return $s;
+}
+
+# Run requests concurrently (one process each); returns the responses in
+# order.  Each item: [ 'generate' | 'stream', $req ].
+sub parallel {
+    my ($self, @items) = @_;
+    my @pids;
+    for my $i (0 .. $#items) {
+        my $pid = fork() // die "fork: $!";
+        if ($pid == 0) {
+            my ($kind, $req) = @{ $items[$i] };
+            my $r = $kind eq 'stream' ? $self->stream($req) : $self->generate($req);
+            delete $r->{raw};
+            open my $fh, '>', "$self->{dir}/par-$$-$i.json";
+            print $fh $json->encode($r);
+            close $fh;
+            POSIX::_exit(0);
+        }
+        push @pids, $pid;
+    }
+    my @res;
+    for my $i (0 .. $#items) {
+        waitpid($pids[$i], 0);
+        my $f = "$self->{dir}/par-$pids[$i]-$i.json";
+        open my $fh, '<', $f or do { push @res, undef; next };
+        local $/;
+        push @res, $json->decode(<$fh>);
+        unlink $f;
+    }
+    return @res;
+}
+
+# A request in the background (a child process).  $kind: 'stream' or
+# 'generate'.  Returns a handle for bg_started and bg_wait.
+sub bg {
+    my ($self, $kind, $req) = @_;
+    my $f = "$self->{dir}/bg-" . ++$self->{seq};
+    my $pid = fork() // die "fork: $!";
+    if ($pid == 0) {
+        my @times;
+        my $r;
+        if ($kind eq 'stream') {
+            $r = $self->stream($req, on_event => sub {
+                push @times, time;
+                if (@times == 1) { open my $fh, '>', "$f.first"; close $fh }
+            });
+        } else {
+            open my $fh, '>', "$f.first";
+            close $fh;
+            $r = $self->generate($req);
+        }
+        delete $r->{raw};
+        $r->{times} = \@times;
+        $r->{t_end} = time;
+        open my $fh, '>', "$f.tmp";
+        print $fh $json->encode($r);
+        close $fh;
+        rename "$f.tmp", $f;
+        POSIX::_exit(0);
+    }
+    return { pid => $pid, file => $f };
+}
+
+# Wait until a background stream has its first event.
+sub bg_started {
+    my ($self, $h, $timeout) = @_;
+    return wait_for(sub { -e "$h->{file}.first" }, $timeout // 10);
+}
+
+# Its result, or undef if it did not end within $timeout seconds.
+sub bg_wait {
+    my ($self, $h, $timeout) = @_;
+    my $ok = wait_for(sub { waitpid($h->{pid}, WNOHANG) == $h->{pid} },
+                      $timeout // 30, 0.01);
+    if (!$ok) {
+        kill 'KILL', $h->{pid};
+        waitpid($h->{pid}, 0);
+        return undef;
+    }
+    open my $fh, '<', $h->{file} or return undef;
+    local $/;
+    return $json->decode(<$fh>);
+}
+
+# ---------------------------------------------------------------- checks
+
+sub _logsumexp {
+    my $m = max(@_);
+    return $m + log(sum(map { exp($_ - $m) } @_));
+}
+
+# Check one choice against the request and the sampler's invariants.
+# Returns a list of problems (empty when all is well).
+sub choice_problems {
+    my ($req, $c, $vocab) = @_;
+    my @p;
+    my $sp = $req->{sampling_params} // {};
+    my $mask = $req->{return_sampling_mask};
+    my $mode = $req->{sampling_logprobs_mode} // 'selected';
+    my $k = $sp->{top_k} // -1;
+    my $greedy = defined $sp->{temperature} && $sp->{temperature} == 0;
+    my $toks = $c->{token_ids};
+
+    return ('no token_ids') unless ref $toks eq 'ARRAY';
+    my $n = @$toks;
+    push @p, "finish_reason $c->{finish_reason}"
+        unless ($c->{finish_reason} // '') =~ /^(stop|length|abort)$/;
+    push @p, "more tokens ($n) than max_tokens"
+        if defined $sp->{max_tokens} && $n > $sp->{max_tokens};
+    for (@$toks) {
+        push @p, "token $_ outside the vocabulary" if $_ < 0 || $_ >= $vocab;
+    }
+
+    if ($mask) {
+        my ($rows, $lps) = ($c->{sampling_mask}, $c->{sampling_mask_logprobs});
+        return (@p, 'no sampling_mask') unless ref $rows eq 'ARRAY';
+        return (@p, 'no sampling_mask_logprobs') unless ref $lps eq 'ARRAY';
+        push @p, "mask rows " . @$rows . " != tokens $n" if @$rows != $n;
+        push @p, "mask logprobs " . @$lps . " != tokens $n" if @$lps != $n;
+        for my $i (0 .. $#$rows) {
+            my $row = $rows->[$i];
+            my $t = $toks->[$i];
+            my ($pos) = grep { $row->[$_] == $t } 0 .. $#$row;
+            push @p, "row $i: sampled token $t not in its row" unless defined $pos;
+            for my $j (1 .. $#$row) {
+                push @p, "row $i: ids not ascending and unique at $j"
+                    if $row->[$j] <= $row->[$j - 1];
+            }
+            push @p, "row $i: id outside the vocabulary"
+                if grep { $_ < 0 || $_ >= $vocab } @$row;
+            push @p, "row $i: " . @$row . " ids > top_k $k" if $k > 0 && @$row > $k;
+            push @p, "row $i: greedy row of " . @$row . " ids" if $greedy && @$row != 1;
+            if ($mode eq 'support') {
+                my $l = $lps->[$i];
+                if (ref $l ne 'ARRAY' || @$l != @$row) {
+                    push @p, "row $i: support logprobs not aligned";
+                    next;
+                }
+                my $z = _logsumexp(@$l);
+                push @p, "row $i: logsumexp $z" if abs($z) > 1e-4;
+                push @p, "row $i: logprob > 0" if grep { $_ > 1e-6 } @$l;
+                push @p, "row $i: greedy logprob $l->[0]"
+                    if $greedy && abs($l->[0]) > 1e-6;
+                if (defined $pos && $c->{logprobs}) {
+                    my $e = $c->{logprobs}{content}[$i];
+                    push @p, "row $i: logprobs.content logprob differs from "
+                        . "the support's" if $e && abs($e->{logprob} - $l->[$pos]) > 1e-6;
+                }
+            } else {
+                my $l = $lps->[$i];
+                push @p, "row $i: selected logprob is not a number"
+                    if ref $l || !defined $l;
+                push @p, "row $i: selected logprob $l > 0" if !ref $l && $l > 1e-6;
+                push @p, "row $i: greedy logprob $l"
+                    if $greedy && !ref $l && abs($l) > 1e-6;
+            }
+        }
+    } else {
+        push @p, 'sampling_mask present without return_sampling_mask'
+            if exists $c->{sampling_mask};
+    }
+
+    if (defined $sp->{logprobs}) {
+        my $content = $c->{logprobs} && $c->{logprobs}{content};
+        if (ref $content ne 'ARRAY') {
+            push @p, 'no logprobs.content';
+        } else {
+            push @p, "logprobs.content " . @$content . " != tokens $n"
+                if @$content != $n;
+            for my $i (0 .. $#$content) {
+                my $e = $content->[$i];
+                push @p, "logprobs[$i].token_id differs"
+                    if $e->{token_id} != ($toks->[$i] // -1);
+                my $top = $e->{top_logprobs};
+                push @p, "logprobs[$i]: " . @$top . " top > $sp->{logprobs}"
+                    if @$top > $sp->{logprobs};
+                for my $j (1 .. $#$top) {
+                    push @p, "logprobs[$i]: top not best first"
+                        if $top->[$j]{logprob} > $top->[$j - 1]{logprob};
+                }
+                push @p, "logprobs[$i]: sampled logprob above the best"
+                    if @$top && $e->{logprob} > $top->[0]{logprob} + 1e-6;
+            }
+        }
+    } elsif (exists $c->{logprobs}) {
+        push @p, 'logprobs present without sampling_params.logprobs';
+    }
+    return @p;
+}
+
+END {
+    local $?;    # keep the test's exit status
+    for my $t (@all) {
+        _stop($t->{nginx_pid}, 'TERM', 10) if $t->{nginx_pid};
+        for my $w (values %{ $t->{workers} }) {
+            _stop($w->{pid}, 'TERM', 10) if $w->{pid};
+            unlink "/dev/shm/$w->{name}", "/dev/shm/$w->{name}.sock";
+        }
+        _stop($t->{redis_pid}, 'TERM', 10) if $t->{redis_pid};
+    }
+}
+
+1;

@@ -1,0 +1,70 @@
+#!/bin/sh
+# build-module.sh OUTDIR: build ngx_http_maskserve_module.so against the
+# distribution's nginx sources (Debian's nginx-dev, /usr/share/nginx/src),
+# so that the stock nginx binary can load it with load_module.
+#
+# The sources are copied to OUTDIR/src and configured with the same flags
+# the nginx binary was built with (conf_flags).  Re-running is
+# incremental: configure runs again only when `config`, the set of module
+# sources or the distribution's sources change.
+
+if [ -z "$BASH_VERSION" ]; then
+    # conf_flags defines a bash array
+    exec bash "$0" "$@"
+fi
+
+set -e -o pipefail
+
+NGX_SRC=${NGX_SRC:-/usr/share/nginx/src}
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 OUTDIR" >&2
+    exit 2
+fi
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$1"
+out=$(cd "$1" && pwd)
+
+if [ ! -f "$NGX_SRC/conf_flags" ] || [ ! -x "$NGX_SRC/configure" ]; then
+    echo "$0: $NGX_SRC/conf_flags or configure missing" \
+         "(Debian: apt-get install nginx-dev)" >&2
+    exit 1
+fi
+
+# What configure depends on: the addon script, the list of sources it
+# globs, the distribution's flags and its version.
+stamp=$( (cat "$repo/config" "$NGX_SRC/conf_flags";
+          cd "$repo" && ls shm/*.c shm/*.h ngx_module/*.c ngx_module/*.h;
+          ls -l --time-style=+%s "$NGX_SRC/src/core/nginx.h") 2>/dev/null \
+        | sha256sum | cut -d' ' -f1)
+
+if [ -f "$out/src/objs/Makefile" ] && [ -f "$out/config.stamp" ] \
+   && [ "$(cat "$out/config.stamp")" = "$stamp" ]
+then
+    echo "build-module: configuration unchanged, building incrementally"
+else
+    echo "build-module: configuring against $NGX_SRC"
+    rm -rf "$out/src" "$out/config.stamp"
+    cp -a "$NGX_SRC" "$out/src"
+
+    cd "$out/src"
+    . ./conf_flags
+    ./configure "${NGX_CONF_FLAGS[@]}" --add-dynamic-module="$repo" \
+        > "$out/configure.log" 2>&1 \
+        || { tail -n 30 "$out/configure.log" >&2;
+             echo "$0: configure failed, see $out/configure.log" >&2;
+             exit 1; }
+    echo "$stamp" > "$out/config.stamp"
+fi
+
+cd "$out/src"
+make -f objs/Makefile modules
+
+so="$out/src/objs/ngx_http_maskserve_module.so"
+if [ ! -f "$so" ]; then
+    echo "$0: $so was not built" >&2
+    exit 1
+fi
+
+echo "$so"
