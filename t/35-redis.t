@@ -331,11 +331,7 @@ ok(wait_state('t35-frozen', 'finished'), 'metadata held while frozen is written'
 # a Redis with a password, a third nginx (one process, same worker region)
 # that authenticates and selects db 5
 my $t3 = MsvTest->new;
-my $pport = MsvTest::free_port();
-$t3->{redis_pid} = $t3->_spawn($t3->dir . '/redis.log', $MsvTest::REDIS,
-    '--port', $pport, '--bind', '127.0.0.1', '--save', '',
-    '--appendonly', 'no', '--requirepass', 'pw35', '--dir', $t3->dir);
-$t3->{redis_port} = $pport;
+my $pport = $t3->start_redis(args => ['--requirepass', 'pw35']);
 
 # AUTH, SELECT 5 and one command on one connection; the last reply
 sub authed_cmd {
@@ -348,8 +344,8 @@ sub authed_cmd {
         $out .= '$' . length($_) . "\r\n$_\r\n" for @$cmd;
     }
     print $sock $out;
-    MsvTest::_redis_reply($sock) for 1 .. 2;
-    return MsvTest::_redis_reply($sock);
+    MsvTest::redis_reply($sock) for 1 .. 2;
+    return MsvTest::redis_reply($sock);
 }
 
 ok(MsvTest::wait_for(sub { (authed_cmd('PING') // '') eq 'PONG' }, 10),

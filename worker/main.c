@@ -222,6 +222,8 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
             break;
         case 't':
             if (msv_parse_u64("--threads", optarg, &v, 0) || v > 1024) {
+                fprintf(stderr, "maskserve-worker: --threads: must be "
+                        "0..1024\n");
                 return -1;
             }
             o->threads = (int) v;

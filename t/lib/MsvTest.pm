@@ -131,7 +131,7 @@ sub start_worker {
     my $w = { name => $name, pid => $pid, log => $log, args => \@args };
     $self->{workers}{$name} = $w;
     my $ok = wait_for(sub {
-        return 1 if _log_has($log, $start, qr/\bready\b/);
+        return 1 if _log_has($log, $start, qr/\bready: region\b/);
         return -1 if waitpid($pid, WNOHANG) == $pid;
         return 0;
     }, 60);
@@ -147,7 +147,7 @@ sub restart_worker {
     $w->{pid} = $self->_spawn($log, "$BUILD/maskserve-worker", @{ $w->{args} });
     my $pid = $w->{pid};
     my $ok = wait_for(sub {
-        return 1 if _log_has($log, $start, qr/\bready\b/);
+        return 1 if _log_has($log, $start, qr/\bready: region\b/);
         return -1 if waitpid($pid, WNOHANG) == $pid;
         return 0;
     }, 60);
@@ -184,20 +184,22 @@ sub _tail {
 
 # ---------------------------------------------------------------- redis
 
+# start_redis(args => [...]): extra redis-server arguments, such as
+# ('--requirepass', 'secret').
 sub start_redis {
-    my ($self) = @_;
+    my ($self, %o) = @_;
     my $port = $self->{redis_port} //= free_port();
     my $log = "$self->{dir}/redis.log";
     $self->{redis_pid} = $self->_spawn($log, $REDIS, '--port', $port,
         '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-        '--daemonize', 'no', '--dir', $self->{dir});
+        '--daemonize', 'no', '--dir', $self->{dir}, @{ $o{args} // [] });
     wait_for(sub {
         my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port",
                                       Timeout => 1);
         return 0 unless $s;
         print $s "PING\r\n";
         my $l = <$s> // '';
-        return $l =~ /PONG/;
+        return $l =~ /PONG|NOAUTH/;
     }, 20) or die "MsvTest: redis-server did not start:\n" . _tail($log);
     return $port;
 }
@@ -217,10 +219,10 @@ sub redis_cmd {
     my $req = '*' . @args . "\r\n";
     $req .= '$' . length($_) . "\r\n$_\r\n" for @args;
     print $s $req;
-    return _redis_reply($s);
+    return redis_reply($s);
 }
 
-sub _redis_reply {
+sub redis_reply {
     my ($s) = @_;
     my $l = <$s> // return undef;
     $l =~ s/\r\n$//;
@@ -234,7 +236,7 @@ sub _redis_reply {
         return substr($d, 0, $v);
     }
     if ($t eq '*') {
-        return [map { _redis_reply($s) } 1 .. $v];
+        return [map { redis_reply($s) } 1 .. $v];
     }
     return undef;
 }
