@@ -81,7 +81,7 @@ $(B)/bench/%: bench/%.c $(LIBS)
 
 # The nginx dynamic module, built against Debian's nginx-dev sources.
 module:
-	sh tools/build-module.sh $(B)/nginx
+	+sh tools/build-module.sh $(B)/nginx
 
 deps:
 	sh tools/deps.sh

@@ -68,6 +68,8 @@ done
 cat > "$run/nginx.conf" <<EOF
 load_module $so;
 
+# the region is mode 0600: nginx's workers run as the worker's user
+user              $(id -un) $(id -gn);
 worker_processes  2;
 error_log         $run/logs/error.log info;
 pid               $run/nginx.pid;
@@ -88,6 +90,13 @@ http {
 
     server {
         listen  127.0.0.1:$PORT;
+
+        # nginx answers 413 before the module runs: give it a JSON body
+        error_page 413 @maskserve_413;
+        location @maskserve_413 {
+            default_type application/json;
+            return 413 '{"error":{"message":"the request body is larger than client_max_body_size","type":"invalid_request_error","param":null,"code":413}}\n';
+        }
 
         location = /inference/v1/generate {
             maskserve_generate;
