@@ -31,10 +31,8 @@ static ngx_int_t ngx_http_maskserve_room(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, size_t need);
 static ngx_int_t ngx_http_maskserve_sec_text(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const char *s, size_t n);
-static ngx_int_t ngx_http_maskserve_sec_ids(ngx_http_maskserve_ctx_t *ctx,
-    ngx_http_maskserve_sec_t *sec, const int32_t *ids, uint32_t n);
-static ngx_int_t ngx_http_maskserve_sec_f32s(ngx_http_maskserve_ctx_t *ctx,
-    ngx_http_maskserve_sec_t *sec, const float *v, uint32_t n);
+static ngx_int_t ngx_http_maskserve_sec_array(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const void *v, uint32_t n, ngx_uint_t f32);
 static ngx_int_t ngx_http_maskserve_sec_top(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const struct msv_row *w);
 static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec);
@@ -130,8 +128,8 @@ ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
             }
         }
 
-        if (ngx_http_maskserve_sec_ids(ctx, &ctx->mask, msv_row_ids(w),
-                                       w->n_support)
+        if (ngx_http_maskserve_sec_array(ctx, &ctx->mask, msv_row_ids(w),
+                                         w->n_support, 0)
             != NGX_OK)
         {
             goto nomem;
@@ -160,8 +158,8 @@ ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
             ctx->mlps.buf->last = (u_char *) p;
 
         } else {
-            if (ngx_http_maskserve_sec_f32s(ctx, &ctx->mlps, msv_row_lps(w),
-                                            w->n_lps)
+            if (ngx_http_maskserve_sec_array(ctx, &ctx->mlps, msv_row_lps(w),
+                                             w->n_lps, 1)
                 != NGX_OK)
             {
                 goto nomem;
@@ -546,17 +544,20 @@ ngx_http_maskserve_sec_text(ngx_http_maskserve_ctx_t *ctx,
 }
 
 
-/* "[a,b,...]" into a section, across buffers when it is long. */
+/*
+ * "[a,b,...]" of int32 ids or float32 values into a section: in one piece
+ * when it fits a buffer, else element by element across buffers.
+ */
 
 static ngx_int_t
-ngx_http_maskserve_sec_ids(ngx_http_maskserve_ctx_t *ctx,
-    ngx_http_maskserve_sec_t *sec, const int32_t *ids, uint32_t n)
+ngx_http_maskserve_sec_array(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const void *v, uint32_t n, ngx_uint_t f32)
 {
     char      *p, *start;
-    size_t     max, room;
+    size_t     max, room, each;
     uint32_t   i, k, end;
 
-    max = msv_json_ids_max(n);
+    max = f32 ? msv_json_f32s_max(n) : msv_json_ids_max(n);
 
     if (max <= ctx->buf_size) {
         if (ngx_http_maskserve_room(ctx, sec, max) != NGX_OK) {
@@ -564,7 +565,7 @@ ngx_http_maskserve_sec_ids(ngx_http_maskserve_ctx_t *ctx,
         }
 
         start = (char *) sec->buf->last;
-        p = msv_json_ids(start, ids, n);
+        p = f32 ? msv_json_f32s(start, v, n) : msv_json_ids(start, v, n);
         sec->buf->last = (u_char *) p;
         sec->bytes += p - start;
         ctx->pending += p - start;
@@ -576,13 +577,15 @@ ngx_http_maskserve_sec_ids(ngx_http_maskserve_ctx_t *ctx,
         return NGX_ERROR;
     }
 
+    each = f32 ? MSV_F32_ROOM : MSV_ID_ROOM;
+
     for (i = 0; i < n; i = end) {
-        if (ngx_http_maskserve_room(ctx, sec, 64 * MSV_ID_ROOM) != NGX_OK) {
+        if (ngx_http_maskserve_room(ctx, sec, 64 * each) != NGX_OK) {
             return NGX_ERROR;
         }
 
         room = sec->buf->end - sec->buf->last;
-        k = (uint32_t) ngx_min(room / MSV_ID_ROOM, (size_t) (n - i));
+        k = (uint32_t) ngx_min(room / each, (size_t) (n - i));
         end = i + k;
 
         start = (char *) sec->buf->last;
@@ -593,64 +596,8 @@ ngx_http_maskserve_sec_ids(ngx_http_maskserve_ctx_t *ctx,
                 *p++ = ',';
             }
 
-            p = msv_fmt_i32(p, ids[i]);
-        }
-
-        sec->buf->last = (u_char *) p;
-        sec->bytes += p - start;
-        ctx->pending += p - start;
-    }
-
-    return ngx_http_maskserve_sec_text(ctx, sec, "]", 1);
-}
-
-
-static ngx_int_t
-ngx_http_maskserve_sec_f32s(ngx_http_maskserve_ctx_t *ctx,
-    ngx_http_maskserve_sec_t *sec, const float *v, uint32_t n)
-{
-    char      *p, *start;
-    size_t     max, room;
-    uint32_t   i, k, end;
-
-    max = msv_json_f32s_max(n);
-
-    if (max <= ctx->buf_size) {
-        if (ngx_http_maskserve_room(ctx, sec, max) != NGX_OK) {
-            return NGX_ERROR;
-        }
-
-        start = (char *) sec->buf->last;
-        p = msv_json_f32s(start, v, n);
-        sec->buf->last = (u_char *) p;
-        sec->bytes += p - start;
-        ctx->pending += p - start;
-
-        return NGX_OK;
-    }
-
-    if (ngx_http_maskserve_sec_text(ctx, sec, "[", 1) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    for (i = 0; i < n; i = end) {
-        if (ngx_http_maskserve_room(ctx, sec, 64 * MSV_F32_ROOM) != NGX_OK) {
-            return NGX_ERROR;
-        }
-
-        room = sec->buf->end - sec->buf->last;
-        k = (uint32_t) ngx_min(room / MSV_F32_ROOM, (size_t) (n - i));
-        end = i + k;
-
-        start = (char *) sec->buf->last;
-        p = start;
-
-        for ( /* void */ ; i < end; i++) {
-            if (i) {
-                *p++ = ',';
-            }
-
-            p = msv_fmt_f32(p, v[i]);
+            p = f32 ? msv_fmt_f32(p, ((const float *) v)[i])
+                    : msv_fmt_i32(p, ((const int32_t *) v)[i]);
         }
 
         sec->buf->last = (u_char *) p;
