@@ -1,10 +1,12 @@
 /*
  * test_json.c: JSON number writers (ngx_module/msv_json.c).
  *
+ *   - the powers-of-ten table against exact big-integer arithmetic;
  *   - float32 against an exact reference: decimal expansions of the value
  *     and of the midpoints to its neighbours, as big numbers; the shortest
  *     decimal inside, the nearest of those (ties: even digit).  Floats of
- *     every exponent, random floats, logprob-like values;
+ *     every exponent, the smallest denormals, hard cases found by a scan
+ *     of every float32, random floats, logprob-like values;
  *   - float32 round trip through strtof on a few million random bit
  *     patterns, and on special and boundary values;
  *   - the text layout on a table of exact expectations;
