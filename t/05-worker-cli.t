@@ -176,6 +176,34 @@ is(join(',', @alone_tokens), join(',', map { $_->{token} } @{ $rows{r0} }),
 $st = stats();
 is($st->{slots}{free}, $st->{n_slots}, 'all slots FREE afterwards');
 
+# eos and min_tokens: a bias that makes eos the only likely token; eos is
+# masked while t < min_tokens, then ends the request (finish stop, eos
+# included); with ignore_eos it runs to max_tokens
+my $eos = $st->{eos_ids}[0];
+ok(defined $eos, "the region declares an eos id ($eos)");
+open $fh, '>', "$dir/eos.jsonl" or die;
+print $fh $json->encode({ request_id => 'eos-min3', token_ids => [5, 6, 7],
+    sampling_params => { max_tokens => 10, min_tokens => 3, seed => 1,
+                         logit_bias => { $eos => 100 } } }), "\n";
+print $fh $json->encode({ request_id => 'eos-ignored', token_ids => [5, 6, 7],
+    sampling_params => { max_tokens => 5, seed => 1, ignore_eos => JSON::PP::true,
+                         logit_bias => { $eos => 100 } } }), "\n";
+close $fh;
+($rc, $out) = cli("--requests $dir/eos.jsonl --timeout 60");
+is($rc, 0, 'eos requests: cli exit 0');
+my (%etok, %edone);
+for my $o (map { decode_json($_) } grep { /\S/ } split /\n/, $out) {
+    if ($o->{done}) { $edone{ $o->{request_id} } = $o; next; }
+    push @{ $etok{ $o->{request_id} } }, $o->{token};
+}
+my @m = @{ $etok{'eos-min3'} || [] };
+ok(@m == 4 && $m[3] == $eos && !grep({ $_ == $eos } @m[0 .. 2])
+   && $edone{'eos-min3'}{finish} eq 'stop',
+   "min_tokens 3 holds eos back, then eos stops the request (@m)");
+my @g = @{ $etok{'eos-ignored'} || [] };
+ok(@g == 5 && !grep({ $_ != $eos } @g) && $edone{'eos-ignored'}{finish} eq 'length',
+   "ignore_eos: eos sampled 5 times, finish length");
+
 # malformed request file -> clear error, exit 2
 open $fh, '>', "$dir/bad.jsonl" or die;
 print $fh "{\"token_ids\": [1, 2\n";

@@ -414,7 +414,7 @@ cli_on_row(void *ud, uint64_t seq, const struct msv_row *w)
 static int
 cli_stats(const char *name)
 {
-    char               err[256];
+    char               err[256], eos[MSV_MAX_EOS * 12 + 1];
     uint32_t           census[6], i, readers = 0;
     struct msv_ctrl   *c;
     struct msv_region  rg;
@@ -427,6 +427,11 @@ cli_stats(const char *name)
     }
     c = rg.ctrl;
     msv_slot_census(c, census);
+    eos[0] = '\0';
+    for (i = 0; i < c->n_eos && i < MSV_MAX_EOS; i++) {
+        snprintf(eos + strlen(eos), sizeof(eos) - strlen(eos), "%s%d",
+                 i ? "," : "", c->eos_ids[i]);
+    }
     for (i = 0; i < c->n_readers; i++) {
         readers += MSV_STATE_OF(atomic_load(&msv_reader_at(c, i)->state))
                    == MSV_READER_ATTACHED;
@@ -435,7 +440,8 @@ cli_stats(const char *name)
     printf("{\"region\":\"%s\",\"generation\":%llu,\"pid\":%d,"
            "\"state\":\"%s\",\"alive\":%s,\"heartbeat_age_ms\":%llu,"
            "\"model\":\"%s\",\"backend\":\"%s\",\"vocab_size\":%u,"
-           "\"max_model_len\":%u,\"n_slots\":%u,\"readers\":%u,"
+           "\"max_model_len\":%u,\"eos_ids\":[%s],\"n_slots\":%u,"
+           "\"readers\":%u,"
            "\"slots\":{\"free\":%u,\"claimed\":%u,\"submitted\":%u,"
            "\"running\":%u,\"finished\":%u,\"aborted\":%u},"
            "\"steps\":%llu,\"tokens\":%llu,\"requests_done\":%llu,"
@@ -445,7 +451,8 @@ cli_stats(const char *name)
            msv_pid_alive(c->worker_pid) ? "true" : "false",
            (unsigned long long) ((msv_now_ns() - atomic_load(&c->heartbeat_ns))
                                  / 1000000),
-           c->model, c->backend, c->vocab_size, c->max_model_len, c->n_slots,
+           c->model, c->backend, c->vocab_size, c->max_model_len, eos,
+           c->n_slots,
            readers, census[0], census[1], census[2], census[3], census[4],
            census[5], (unsigned long long) atomic_load(&c->steps),
            (unsigned long long) atomic_load(&c->tokens),
