@@ -129,6 +129,7 @@ static int msv_cpu_forward(struct msv_backend *b,
     const struct msv_batch *batch, float *logits, char *err, size_t errlen);
 static void msv_cpu_destroy(struct msv_backend *b);
 
+static float *msv_cpu_kv_map(size_t bytes, char *err, size_t errlen);
 static int msv_cpu_weights(struct msv_backend *b,
     const struct msv_weights *w, char *err, size_t errlen);
 static float *msv_cpu_tensor(const struct msv_weights *w, const char *name,
@@ -248,25 +249,15 @@ msv_cpu_create(const struct msv_model_config *cfg,
     /* anonymous mappings: pages of memory are only committed when a KV
      * page is first written */
     for (l = 0; l < cfg->n_layers; l++) {
-        void  *m;
-
-        m = mmap(NULL, b->kv_layer_bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (m == MAP_FAILED) {
-            snprintf(err, errlen, "cpu backend: KV cache: mmap of %zu "
-                     "bytes: %s", b->kv_layer_bytes, strerror(errno));
+        b->kc[l] = msv_cpu_kv_map(b->kv_layer_bytes, err, errlen);
+        if (b->kc[l] == NULL) {
             goto failed;
         }
-        b->kc[l] = m;
 
-        m = mmap(NULL, b->kv_layer_bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (m == MAP_FAILED) {
-            snprintf(err, errlen, "cpu backend: KV cache: mmap of %zu "
-                     "bytes: %s", b->kv_layer_bytes, strerror(errno));
+        b->vc[l] = msv_cpu_kv_map(b->kv_layer_bytes, err, errlen);
+        if (b->vc[l] == NULL) {
             goto failed;
         }
-        b->vc[l] = m;
     }
 
     b->table = calloc((size_t) max_seqs * b->pages_per_seq,
@@ -310,6 +301,26 @@ failed:
 
     msv_cpu_destroy(b);
     return NULL;
+}
+
+
+/* One layer's K or V cache: an anonymous mapping of bytes, or NULL with
+ * err set. */
+
+static float *
+msv_cpu_kv_map(size_t bytes, char *err, size_t errlen)
+{
+    void  *m;
+
+    m = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "cpu backend: KV cache: mmap of %zu "
+                 "bytes: %s", bytes, strerror(errno));
+        return NULL;
+    }
+
+    return m;
 }
 
 
@@ -941,9 +952,10 @@ msv_dot(const float *a, const float *b, size_t n)
 static int
 msv_cpu_scratch(struct msv_backend *b, size_t T)
 {
-    size_t   cap, H, I, rows;
-    float  **bufs[8];
-    size_t   sizes[8];
+    size_t     cap, H, I, rows;
+    float    **bufs[9];
+    size_t     sizes[9];
+    uint32_t **ids[2];
 
     if (T <= b->cap) {
         return 0;
@@ -966,8 +978,9 @@ msv_cpu_scratch(struct msv_backend *b, size_t T)
     bufs[5] = &b->a;  sizes[5] = rows * b->q_dim;
     bufs[6] = &b->g;  sizes[6] = rows * I;
     bufs[7] = &b->u;  sizes[7] = rows * I;
+    bufs[8] = &b->cs; sizes[8] = rows * b->cfg.head_dim;
 
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 9; i++) {
         float  *p = realloc(*bufs[i], sizes[i] * sizeof(float));
 
         if (p == NULL) {
@@ -976,27 +989,17 @@ msv_cpu_scratch(struct msv_backend *b, size_t T)
         *bufs[i] = p;
     }
 
-    {
-        float     *cs;
-        uint32_t  *ts, *tp;
+    /* each token's sequence and position, rows of them */
+    ids[0] = &b->tseq;
+    ids[1] = &b->tpos;
 
-        cs = realloc(b->cs, cap * b->cfg.head_dim * sizeof(float));
-        if (cs == NULL) {
+    for (int i = 0; i < 2; i++) {
+        uint32_t  *p = realloc(*ids[i], rows * sizeof(uint32_t));
+
+        if (p == NULL) {
             return -1;
         }
-        b->cs = cs;
-
-        ts = realloc(b->tseq, cap * sizeof(uint32_t));
-        if (ts == NULL) {
-            return -1;
-        }
-        b->tseq = ts;
-
-        tp = realloc(b->tpos, cap * sizeof(uint32_t));
-        if (tp == NULL) {
-            return -1;
-        }
-        b->tpos = tp;
+        *ids[i] = p;
     }
 
     b->cap = cap;

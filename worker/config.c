@@ -39,6 +39,55 @@ static int msv_cfg_validate(const char *path, struct msv_model_config *cfg,
 static void msv_cfg_name(const char *path, struct msv_model_config *cfg);
 
 
+/* The built-in presets; the fields left out are zero. */
+
+static const struct {
+    const char               *name;
+    struct msv_model_config   cfg;
+} msv_presets[] = {
+
+    /* Qwen3-shaped and fast on a CPU; the vocabulary is deliberately not
+     * a power of two */
+    { "tiny", {
+        .arch = MSV_ARCH_QWEN3, .vocab_size = 4099, .hidden = 64,
+        .intermediate = 128, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+        .head_dim = 16, .max_pos = 4096, .rms_eps = 1e-6f,
+        .rope_theta = 10000.0f, .rope_type = MSV_ROPE_DEFAULT,
+        .rope_factor = 1.0f, .tie_embeddings = 0,
+        .n_eos = 1, .eos_ids = { 0 }, .bos_id = -1 } },
+
+    { "qwen3-8b", {
+        .arch = MSV_ARCH_QWEN3, .vocab_size = 151936, .hidden = 4096,
+        .intermediate = 12288, .n_layers = 36, .n_heads = 32,
+        .n_kv_heads = 8, .head_dim = 128, .max_pos = 40960,
+        .rms_eps = 1e-6f, .rope_theta = 1000000.0f,
+        .rope_type = MSV_ROPE_DEFAULT, .rope_factor = 1.0f,
+        .tie_embeddings = 0,
+        .n_eos = 2, .eos_ids = { 151645, 151643 }, .bos_id = 151643 } },
+
+    { "qwen3-0.6b", {
+        .arch = MSV_ARCH_QWEN3, .vocab_size = 151936, .hidden = 1024,
+        .intermediate = 3072, .n_layers = 28, .n_heads = 16,
+        .n_kv_heads = 8, .head_dim = 128, .max_pos = 40960,
+        .rms_eps = 1e-6f, .rope_theta = 1000000.0f,
+        .rope_type = MSV_ROPE_DEFAULT, .rope_factor = 1.0f,
+        .tie_embeddings = 1,
+        .n_eos = 2, .eos_ids = { 151645, 151643 }, .bos_id = 151643 } },
+
+    /* Llama 3.1 8B */
+    { "llama3-8b", {
+        .arch = MSV_ARCH_LLAMA, .vocab_size = 128256, .hidden = 4096,
+        .intermediate = 14336, .n_layers = 32, .n_heads = 32,
+        .n_kv_heads = 8, .head_dim = 128, .max_pos = 131072,
+        .rms_eps = 1e-5f, .rope_theta = 500000.0f,
+        .rope_type = MSV_ROPE_LLAMA3, .rope_factor = 8.0f,
+        .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
+        .rope_orig_max_pos = 8192, .tie_embeddings = 0,
+        .n_eos = 3, .eos_ids = { 128001, 128008, 128009 },
+        .bos_id = 128000 } }
+};
+
+
 int
 msv_config_load(const char *path, struct msv_model_config *cfg, char *err,
     size_t errlen)
@@ -227,7 +276,7 @@ int
 msv_config_preset(const char *preset, struct msv_model_config *cfg,
     char *err, size_t errlen)
 {
-    size_t  len;
+    size_t  i, len;
 
     len = strlen(preset);
     if (len > 5 && strcmp(preset + len - 5, ".json") == 0) {
@@ -238,96 +287,20 @@ msv_config_preset(const char *preset, struct msv_model_config *cfg,
         return 0;
     }
 
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->rope_type = MSV_ROPE_DEFAULT;
-    cfg->rope_factor = 1.0f;
+    for (i = 0; i < sizeof(msv_presets) / sizeof(msv_presets[0]); i++) {
+        if (strcmp(preset, msv_presets[i].name) == 0) {
+            break;
+        }
+    }
 
-    if (strcmp(preset, "tiny") == 0) {
-        /* Qwen3-shaped and fast on a CPU; the vocabulary is deliberately
-         * not a power of two */
-        cfg->arch = MSV_ARCH_QWEN3;
-        cfg->vocab_size = 4099;
-        cfg->hidden = 64;
-        cfg->intermediate = 128;
-        cfg->n_layers = 2;
-        cfg->n_heads = 4;
-        cfg->n_kv_heads = 2;
-        cfg->head_dim = 16;
-        cfg->max_pos = 4096;
-        cfg->rms_eps = 1e-6f;
-        cfg->rope_theta = 10000.0f;
-        cfg->tie_embeddings = 0;
-        cfg->n_eos = 1;
-        cfg->eos_ids[0] = 0;
-        cfg->bos_id = -1;
-
-    } else if (strcmp(preset, "qwen3-8b") == 0) {
-        cfg->arch = MSV_ARCH_QWEN3;
-        cfg->vocab_size = 151936;
-        cfg->hidden = 4096;
-        cfg->intermediate = 12288;
-        cfg->n_layers = 36;
-        cfg->n_heads = 32;
-        cfg->n_kv_heads = 8;
-        cfg->head_dim = 128;
-        cfg->max_pos = 40960;
-        cfg->rms_eps = 1e-6f;
-        cfg->rope_theta = 1000000.0f;
-        cfg->tie_embeddings = 0;
-        cfg->n_eos = 2;
-        cfg->eos_ids[0] = 151645;
-        cfg->eos_ids[1] = 151643;
-        cfg->bos_id = 151643;
-
-    } else if (strcmp(preset, "qwen3-0.6b") == 0) {
-        cfg->arch = MSV_ARCH_QWEN3;
-        cfg->vocab_size = 151936;
-        cfg->hidden = 1024;
-        cfg->intermediate = 3072;
-        cfg->n_layers = 28;
-        cfg->n_heads = 16;
-        cfg->n_kv_heads = 8;
-        cfg->head_dim = 128;
-        cfg->max_pos = 40960;
-        cfg->rms_eps = 1e-6f;
-        cfg->rope_theta = 1000000.0f;
-        cfg->tie_embeddings = 1;
-        cfg->n_eos = 2;
-        cfg->eos_ids[0] = 151645;
-        cfg->eos_ids[1] = 151643;
-        cfg->bos_id = 151643;
-
-    } else if (strcmp(preset, "llama3-8b") == 0) {
-        /* Llama 3.1 8B */
-        cfg->arch = MSV_ARCH_LLAMA;
-        cfg->vocab_size = 128256;
-        cfg->hidden = 4096;
-        cfg->intermediate = 14336;
-        cfg->n_layers = 32;
-        cfg->n_heads = 32;
-        cfg->n_kv_heads = 8;
-        cfg->head_dim = 128;
-        cfg->max_pos = 131072;
-        cfg->rms_eps = 1e-5f;
-        cfg->rope_theta = 500000.0f;
-        cfg->rope_type = MSV_ROPE_LLAMA3;
-        cfg->rope_factor = 8.0f;
-        cfg->rope_low_freq_factor = 1.0f;
-        cfg->rope_high_freq_factor = 4.0f;
-        cfg->rope_orig_max_pos = 8192;
-        cfg->tie_embeddings = 0;
-        cfg->n_eos = 3;
-        cfg->eos_ids[0] = 128001;
-        cfg->eos_ids[1] = 128008;
-        cfg->eos_ids[2] = 128009;
-        cfg->bos_id = 128000;
-
-    } else {
+    if (i == sizeof(msv_presets) / sizeof(msv_presets[0])) {
         snprintf(err, errlen, "preset \"%.64s\": unknown (tiny, qwen3-0.6b, "
                  "qwen3-8b, llama3-8b, or a path to a config .json)",
                  preset);
         return -1;
     }
+
+    *cfg = msv_presets[i].cfg;
 
     cfg->qk_norm = cfg->arch == MSV_ARCH_QWEN3;
     cfg->qkv_bias = cfg->arch == MSV_ARCH_QWEN2;

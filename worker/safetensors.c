@@ -16,6 +16,8 @@
 #include "safetensors.h"
 
 
+static int msv_st_open(const char *path, struct stat *st, char *err,
+    size_t errlen);
 static int msv_st_parse_entry(const char *path, const char *name,
     yajl_val v, const uint8_t *data, uint64_t data_bytes,
     struct msv_tensor *t, char *err, size_t errlen);
@@ -35,22 +37,9 @@ msv_json_file_parse(const char *path, yajl_val *root, char *err,
 
     *root = NULL;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd == -1) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return errno == ENOENT ? -2 : -1;
-    }
-
-    if (fstat(fd, &st) == -1) {
-        snprintf(err, errlen, "%s: fstat: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return -1;
+    fd = msv_st_open(path, &st, err, errlen);
+    if (fd < 0) {
+        return fd;
     }
 
     if (st.st_size > (off_t) (64 << 20)) {
@@ -121,21 +110,8 @@ msv_st_load(const char *path, struct msv_weights *w, char *err,
     const uint8_t      *p;
     struct msv_tensor  *t, *tt;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd == -1) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-
-    if (fstat(fd, &st) == -1) {
-        snprintf(err, errlen, "%s: fstat: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
-        close(fd);
+    fd = msv_st_open(path, &st, err, errlen);
+    if (fd < 0) {
         return -1;
     }
 
@@ -277,6 +253,36 @@ nomem:
     yajl_tree_free(root);
     munmap(map, bytes);
     return -1;
+}
+
+
+/* Open path for reading and make sure it is a regular file: the
+ * descriptor, or -1 with err set (-2 when path does not exist). */
+
+static int
+msv_st_open(const char *path, struct stat *st, char *err, size_t errlen)
+{
+    int  fd;
+
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd == -1) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return errno == ENOENT ? -2 : -1;
+    }
+
+    if (fstat(fd, st) == -1) {
+        snprintf(err, errlen, "%s: fstat: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+
+    if (!S_ISREG(st->st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+
+    return fd;
 }
 
 

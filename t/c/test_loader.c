@@ -284,6 +284,64 @@ test_config(void)
     char                     text[4096];
     struct msv_model_config  c;
 
+    /* tiny_config with one key changed (value NULL: removed): refused,
+     * and err mentions every string in has */
+    static const struct {
+        const char  *key;
+        const char  *value;
+        const char  *has[3];
+        const char  *what;
+    } bad[] = {
+        { "num_attention_heads", NULL,
+          { "config.json: num_attention_heads: missing", dir, NULL },
+          "missing num_attention_heads" },
+        { "hidden_size", "\"64\"",
+          { "config.json", "hidden_size", "not an integer" },
+          "string hidden_size" },
+        { "vocab_size", "-3",
+          { "config.json", "vocab_size", "out of range" },
+          "negative vocab_size" },
+        { "num_hidden_layers", "2.5",
+          { "config.json", "num_hidden_layers", NULL },
+          "fractional num_hidden_layers" },
+        { "rms_norm_eps", "\"tiny\"",
+          { "config.json", "rms_norm_eps", "number" },
+          "string rms_norm_eps" },
+        { "num_key_value_heads", "3",
+          { "config.json", "num_key_value_heads", NULL },
+          "kv heads not dividing heads" },
+        { "architectures", "[\"GPT2LMHeadModel\"]",
+          { "config.json", "GPT2LMHeadModel", "unsupported" },
+          "unknown architecture named" },
+        { "architectures", NULL,
+          { "config.json", "architectures", "missing" },
+          "missing architectures" },
+        { "architectures", "\"Qwen3ForCausalLM\"",
+          { "config.json", "architectures", NULL },
+          "architectures not a list" },
+        { "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4}",
+          { "config.json", "rope_scaling", "yarn" },
+          "yarn rope scaling refused" },
+        { "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8}",
+          { "config.json", "rope_scaling.low_freq_factor", "missing" },
+          "incomplete llama3 scaling" },
+        { "torch_dtype", "\"int8\"",
+          { "config.json", "torch_dtype", "int8" },
+          "unsupported torch_dtype" },
+        { "eos_token_id", "\"eos\"",
+          { "config.json", "eos_token_id", NULL },
+          "string eos_token_id" },
+        { "eos_token_id", "5000",
+          { "config.json", "eos_token_id", "vocab_size" },
+          "eos id beyond the vocabulary" },
+        { "hidden_act", "\"gelu\"",
+          { "config.json", "hidden_act", NULL },
+          "gelu refused" },
+        { "use_sliding_window", "true",
+          { "config.json", "use_sliding_window", NULL },
+          "sliding window refused" },
+    };
+
     rc = cfg_from(tiny_config, &c);
     tap_ok(rc == 0, "tiny config.json loads (%s)", rc ? err : "ok");
     tap_ok(c.arch == MSV_ARCH_QWEN3 && c.qk_norm && !c.qkv_bias
@@ -298,75 +356,12 @@ test_config(void)
     tap_ok(strcmp(c.name, strrchr(dir, '/') + 1) == 0,
            "name is the directory (%s)", c.name);
 
-    rc = cfg_edit("num_attention_heads", NULL, &c);
-    tap_ok(rc == -1 && err_has("config.json: num_attention_heads: missing",
-                               dir, NULL),
-           "missing num_attention_heads: %s", err);
-
-    rc = cfg_edit("hidden_size", "\"64\"", &c);
-    tap_ok(rc == -1 && err_has("config.json", "hidden_size",
-                               "not an integer"),
-           "string hidden_size: %s", err);
-
-    rc = cfg_edit("vocab_size", "-3", &c);
-    tap_ok(rc == -1 && err_has("config.json", "vocab_size", "out of range"),
-           "negative vocab_size: %s", err);
-
-    rc = cfg_edit("num_hidden_layers", "2.5", &c);
-    tap_ok(rc == -1 && err_has("config.json", "num_hidden_layers", NULL),
-           "fractional num_hidden_layers: %s", err);
-
-    rc = cfg_edit("rms_norm_eps", "\"tiny\"", &c);
-    tap_ok(rc == -1 && err_has("config.json", "rms_norm_eps", "number"),
-           "string rms_norm_eps: %s", err);
-
-    rc = cfg_edit("num_key_value_heads", "3", &c);
-    tap_ok(rc == -1 && err_has("config.json", "num_key_value_heads", NULL),
-           "kv heads not dividing heads: %s", err);
-
-    rc = cfg_edit("architectures", "[\"GPT2LMHeadModel\"]", &c);
-    tap_ok(rc == -1 && err_has("config.json", "GPT2LMHeadModel",
-                               "unsupported"),
-           "unknown architecture named: %s", err);
-
-    rc = cfg_edit("architectures", NULL, &c);
-    tap_ok(rc == -1 && err_has("config.json", "architectures", "missing"),
-           "missing architectures: %s", err);
-
-    rc = cfg_edit("architectures", "\"Qwen3ForCausalLM\"", &c);
-    tap_ok(rc == -1 && err_has("config.json", "architectures", NULL),
-           "architectures not a list: %s", err);
-
-    rc = cfg_edit("rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4}",
-                  &c);
-    tap_ok(rc == -1 && err_has("config.json", "rope_scaling", "yarn"),
-           "yarn rope scaling refused: %s", err);
-
-    rc = cfg_edit("rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8}",
-                  &c);
-    tap_ok(rc == -1 && err_has("config.json", "rope_scaling.low_freq_factor",
-                               "missing"),
-           "incomplete llama3 scaling: %s", err);
-
-    rc = cfg_edit("torch_dtype", "\"int8\"", &c);
-    tap_ok(rc == -1 && err_has("config.json", "torch_dtype", "int8"),
-           "unsupported torch_dtype: %s", err);
-
-    rc = cfg_edit("eos_token_id", "\"eos\"", &c);
-    tap_ok(rc == -1 && err_has("config.json", "eos_token_id", NULL),
-           "string eos_token_id: %s", err);
-
-    rc = cfg_edit("eos_token_id", "5000", &c);
-    tap_ok(rc == -1 && err_has("config.json", "eos_token_id", "vocab_size"),
-           "eos id beyond the vocabulary: %s", err);
-
-    rc = cfg_edit("hidden_act", "\"gelu\"", &c);
-    tap_ok(rc == -1 && err_has("config.json", "hidden_act", NULL),
-           "gelu refused: %s", err);
-
-    rc = cfg_edit("use_sliding_window", "true", &c);
-    tap_ok(rc == -1 && err_has("config.json", "use_sliding_window", NULL),
-           "sliding window refused: %s", err);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        rc = cfg_edit(bad[i].key, bad[i].value, &c);
+        tap_ok(rc == -1 && err_has(bad[i].has[0], bad[i].has[1],
+                                   bad[i].has[2]),
+               "%s: %s", bad[i].what, err);
+    }
 
     rc = cfg_from("{\"architectures\": [\"Qwen3ForCausalLM\"], ", &c);
     tap_ok(rc == -1 && err_has("config.json", "invalid JSON", NULL),
@@ -616,6 +611,28 @@ test_safetensors(void)
     struct msv_weights       dw, w;
     struct msv_model_config  c, c2;
 
+    /* model.safetensors with these bytes: refused, and err mentions
+     * every string in has */
+    static const struct {
+        const char  *data;
+        size_t       len;
+        const char  *has[2];
+        const char  *what;
+    } raw[] = {
+        { "", 0, { "truncated", NULL }, "empty file" },
+        { "\xff\xff\xff\x7f\x00\x00\x00\x00{}", 10,
+          { "header length", "past the end" }, "header length beyond EOF" },
+        { "\x10\x00\x00\x00\x00\x00\x00\x00{this is not json", 25,
+          { "bad header", NULL }, "garbage JSON header" },
+        { "PK\x03\x04 some zip archive here", 26,
+          { "header", NULL }, "wrong file type" },
+        { "\x08\x00\x00\x00\x00\x00\x00\x00[1,2,3] ", 16,
+          { "bad header", NULL }, "header not an object" },
+        { "\x28\x00\x00\x00\x00\x00\x00\x00"
+          "{\"w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 48,
+          { "tensor w", "dtype" }, "entry without dtype" },
+    };
+
     if (msv_config_preset("tiny", &c, err, sizeof(err)) != 0
         || msv_weights_dummy(&c, 42, &dw, err, sizeof(err)) != 0)
     {
@@ -794,44 +811,13 @@ test_safetensors(void)
     tap_ok(rc == -1 && err_has("model.safetensors", "truncated", NULL),
            "5-byte file: %s", err);
 
-    rc = write_file("model.safetensors", "", 0);
-    rc = rc == 0 ? load("", &w) : -2;
-    tap_ok(rc == -1 && err_has("model.safetensors", "truncated", NULL),
-           "empty file: %s", err);
-
-    /* header length beyond the file */
-    rc = write_file("model.safetensors",
-                    "\xff\xff\xff\x7f\x00\x00\x00\x00{}", 10);
-    rc = rc == 0 ? load("", &w) : -2;
-    tap_ok(rc == -1 && err_has("model.safetensors", "header length",
-                               "past the end"),
-           "header length beyond EOF: %s", err);
-
-    /* garbage header: not JSON */
-    rc = write_file("model.safetensors",
-                    "\x10\x00\x00\x00\x00\x00\x00\x00{this is not json", 25);
-    rc = rc == 0 ? load("", &w) : -2;
-    tap_ok(rc == -1 && err_has("model.safetensors", "bad header", NULL),
-           "garbage JSON header: %s", err);
-
-    /* not a safetensors file at all */
-    rc = write_text("model.safetensors", "PK\x03\x04 some zip archive here");
-    rc = rc == 0 ? load("", &w) : -2;
-    tap_ok(rc == -1 && err_has("model.safetensors", "header", NULL),
-           "wrong file type: %s", err);
-
-    rc = write_file("model.safetensors",
-                    "\x08\x00\x00\x00\x00\x00\x00\x00[1,2,3] ", 16);
-    rc = rc == 0 ? load("", &w) : -2;
-    tap_ok(rc == -1 && err_has("model.safetensors", "bad header", NULL),
-           "header not an object: %s", err);
-
-    rc = write_file("model.safetensors",
-                    "\x28\x00\x00\x00\x00\x00\x00\x00"
-                    "{\"w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 48);
-    rc = rc == 0 ? load("", &w) : -2;
-    tap_ok(rc == -1 && err_has("model.safetensors", "tensor w", "dtype"),
-           "entry without dtype: %s", err);
+    for (i = 0; i < (int) (sizeof(raw) / sizeof(raw[0])); i++) {
+        rc = write_file("model.safetensors", raw[i].data, raw[i].len);
+        rc = rc == 0 ? load("", &w) : -2;
+        tap_ok(rc == -1 && err_has("model.safetensors", raw[i].has[0],
+                                   raw[i].has[1]),
+               "%s: %s", raw[i].what, err);
+    }
 
     /* unsupported dtype */
     memset(&ed, 0, sizeof(ed));
@@ -915,12 +901,30 @@ test_safetensors(void)
 /* ---------------------------------------------------------------- */
 /* dummy weights                                                      */
 
+/* The mean and the variance of f[0 .. m). */
+static void
+mean_var(const float *f, size_t m, double *mean, double *var)
+{
+    double  s, ss;
+
+    s = ss = 0;
+    for (size_t k = 0; k < m; k++) {
+        s += f[k];
+        ss += (double) f[k] * f[k];
+    }
+    s /= (double) m;
+
+    *mean = s;
+    *var = ss / (double) m - s * s;
+}
+
+
 static void
 test_dummy(void)
 {
     int                       rc, same;
     double                    s, ss;
-    size_t                    k, m;
+    size_t                    m;
     float                    *f;
     struct msv_weights        a, b, d;
     struct msv_model_config   c;
@@ -961,13 +965,7 @@ test_dummy(void)
     m = t->bytes / 4;
     f = malloc(m * sizeof(float));
     msv_tensor_to_f32(t, 0, m, f);
-    s = ss = 0;
-    for (k = 0; k < m; k++) {
-        s += f[k];
-        ss += (double) f[k] * f[k];
-    }
-    s /= (double) m;
-    ss = ss / (double) m - s * s;
+    mean_var(f, m, &s, &ss);
     tap_ok(fabs(s) < 0.01 && fabs(sqrt(ss) - 0.125) < 0.005,
            "q_proj mean %.4f std %.4f (expect 0, 0.125)", s, sqrt(ss));
     free(f);
@@ -1013,13 +1011,7 @@ test_dummy(void)
         m = 1 << 20;
         f = malloc(m * sizeof(float));
         msv_tensor_to_f32(t, t->bytes / 2 - m, m, f);
-        s = ss = 0;
-        for (k = 0; k < m; k++) {
-            s += f[k];
-            ss += (double) f[k] * f[k];
-        }
-        s /= (double) m;
-        ss = ss / (double) m - s * s;
+        mean_var(f, m, &s, &ss);
         tap_ok(fabs(s) < 0.002 && fabs(sqrt(ss) - 0.1768) < 0.002,
                "BF16 embedding tail mean %.4f std %.4f", s, sqrt(ss));
         free(f);
