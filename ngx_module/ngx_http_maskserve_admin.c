@@ -52,8 +52,6 @@ static ngx_int_t ngx_http_maskserve_status_local(ngx_http_request_t *r,
 static ngx_int_t ngx_http_maskserve_admin_ctx(ngx_http_request_t *r,
     ngx_str_t *id, ngx_http_maskserve_admin_ctx_t **actxp);
 static void ngx_http_maskserve_admin_cleanup(void *data);
-static ngx_int_t ngx_http_maskserve_send_json(ngx_http_request_t *r,
-    ngx_uint_t status, ngx_buf_t *b);
 static u_char *ngx_http_maskserve_health_region(u_char *p,
     ngx_http_maskserve_region_t *rg);
 
@@ -455,7 +453,7 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
     size_t                             len;
     ngx_int_t                          rc;
     ngx_buf_t                         *b;
-    ngx_uint_t                         i, n, *idx, ready;
+    ngx_uint_t                         i, n, ready;
     const char                        *redis, *status;
     ngx_http_maskserve_err_t           err;
     ngx_http_maskserve_region_t       *rg;
@@ -478,14 +476,7 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_maskserve_module);
     mcf = ngx_http_get_module_main_conf(r, ngx_http_maskserve_module);
 
-    if (lcf->regions) {
-        idx = lcf->regions->elts;
-        n = lcf->regions->nelts;
-
-    } else {
-        idx = NULL;
-        n = mcf->regions.nelts;
-    }
+    n = ngx_http_maskserve_loc_nregions(mcf, lcf);
 
     len = 512 + n * 2048;
 
@@ -497,7 +488,7 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
     ready = 0;
 
     for (i = 0; i < n; i++) {
-        rg = ngx_http_maskserve_region(mcf, idx ? idx[i] : i);
+        rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
 
         if (mcf->running && ngx_http_maskserve_link_ready(rg) == NGX_OK) {
             ready++;
@@ -519,7 +510,7 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
                     "\"workers\":[", status, ngx_pid, redis);
 
     for (i = 0; i < n; i++) {
-        rg = ngx_http_maskserve_region(mcf, idx ? idx[i] : i);
+        rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
 
         if (i) {
             *p++ = ',';
@@ -610,33 +601,4 @@ ngx_http_maskserve_health_region(u_char *p, ngx_http_maskserve_region_t *rg)
                     rg->inflight);
 
     return p;
-}
-
-
-static ngx_int_t
-ngx_http_maskserve_send_json(ngx_http_request_t *r, ngx_uint_t status,
-    ngx_buf_t *b)
-{
-    ngx_int_t    rc;
-    ngx_chain_t  out;
-
-    r->headers_out.status = status;
-    r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
 }

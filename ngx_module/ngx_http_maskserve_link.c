@@ -574,24 +574,17 @@ ngx_http_maskserve_region_t *
 ngx_http_maskserve_link_pick(ngx_http_maskserve_main_conf_t *mcf,
     ngx_http_maskserve_loc_conf_t *lcf, ngx_http_maskserve_err_t *err)
 {
-    ngx_uint_t                    i, n, *idx, used, best_used, attached;
+    ngx_uint_t                    i, n, used, best_used, attached;
     ngx_http_maskserve_region_t  *rg, *best;
 
-    if (lcf->regions) {
-        idx = lcf->regions->elts;
-        n = lcf->regions->nelts;
-
-    } else {
-        idx = NULL;
-        n = mcf->regions.nelts;
-    }
+    n = ngx_http_maskserve_loc_nregions(mcf, lcf);
 
     best = NULL;
     best_used = 0;
     attached = 0;
 
     for (i = 0; i < n; i++) {
-        rg = ngx_http_maskserve_region(mcf, idx ? idx[i] : i);
+        rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
 
         if (!rg->attached) {
             continue;

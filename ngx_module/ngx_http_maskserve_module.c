@@ -642,6 +642,30 @@ ngx_http_maskserve_region(ngx_http_maskserve_main_conf_t *mcf, ngx_uint_t i)
 }
 
 
+ngx_uint_t
+ngx_http_maskserve_loc_nregions(ngx_http_maskserve_main_conf_t *mcf,
+    ngx_http_maskserve_loc_conf_t *lcf)
+{
+    return lcf->regions ? lcf->regions->nelts : mcf->regions.nelts;
+}
+
+
+ngx_http_maskserve_region_t *
+ngx_http_maskserve_loc_region(ngx_http_maskserve_main_conf_t *mcf,
+    ngx_http_maskserve_loc_conf_t *lcf, ngx_uint_t i)
+{
+    ngx_uint_t  *idx;
+
+    if (lcf->regions == NULL) {
+        return ngx_http_maskserve_region(mcf, i);
+    }
+
+    idx = lcf->regions->elts;
+
+    return ngx_http_maskserve_region(mcf, idx[i]);
+}
+
+
 static ngx_int_t
 ngx_http_maskserve_add_variables(ngx_conf_t *cf)
 {
@@ -750,9 +774,7 @@ ngx_http_maskserve_send_error(ngx_http_request_t *r,
 {
     u_char           *p;
     size_t            len, mlen, plen;
-    ngx_int_t         rc;
     ngx_buf_t        *b;
-    ngx_chain_t       out;
     ngx_table_elt_t  *h;
 
     mlen = ngx_escape_json(NULL, err->message.data, err->message.len);
@@ -783,14 +805,6 @@ ngx_http_maskserve_send_error(ngx_http_request_t *r,
 
     p = ngx_sprintf(p, ",\"code\":%ui}}\n", err->status);
     b->last = p;
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    r->headers_out.status = err->status;
-    r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
 
     if (err->status == NGX_HTTP_NOT_ALLOWED
         || err->status == NGX_HTTP_SERVICE_UNAVAILABLE)
@@ -811,6 +825,26 @@ ngx_http_maskserve_send_error(ngx_http_request_t *r,
             ngx_str_set(&h->value, "1");
         }
     }
+
+    return ngx_http_maskserve_send_json(r, err->status, b);
+}
+
+
+ngx_int_t
+ngx_http_maskserve_send_json(ngx_http_request_t *r, ngx_uint_t status,
+    ngx_buf_t *b)
+{
+    ngx_int_t    rc;
+    ngx_chain_t  out;
+
+    r->headers_out.status = status;
+    r->headers_out.content_length_n = b->last - b->pos;
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
 
     rc = ngx_http_send_header(r);
 

@@ -172,6 +172,17 @@ ngx_http_maskserve_region_t *ngx_http_maskserve_region(
 /* The process's main conf once init_process ran, else NULL. */
 ngx_http_maskserve_main_conf_t *ngx_http_maskserve_process_conf(void);
 
+/* The regions a location serves: its maskserve_worker list, else all. */
+ngx_uint_t ngx_http_maskserve_loc_nregions(
+    ngx_http_maskserve_main_conf_t *mcf, ngx_http_maskserve_loc_conf_t *lcf);
+ngx_http_maskserve_region_t *ngx_http_maskserve_loc_region(
+    ngx_http_maskserve_main_conf_t *mcf, ngx_http_maskserve_loc_conf_t *lcf,
+    ngx_uint_t i);
+
+/* Send b as a JSON answer and return what finalize expects. */
+ngx_int_t ngx_http_maskserve_send_json(ngx_http_request_t *r,
+    ngx_uint_t status, ngx_buf_t *b);
+
 /* Send a JSON error answer and return what finalize expects. */
 ngx_int_t ngx_http_maskserve_send_error(ngx_http_request_t *r,
     ngx_http_maskserve_err_t *err);

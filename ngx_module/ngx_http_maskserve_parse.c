@@ -109,11 +109,16 @@ typedef struct {
 
 
 static ngx_int_t ngx_http_maskserve_parse_body(ngx_http_maskserve_ps_t *ps);
-static ngx_int_t ngx_http_maskserve_feed(ngx_http_maskserve_ps_t *ps,
-    yajl_handle h, u_char *p, size_t len);
+static ngx_int_t ngx_http_maskserve_yajl_status(ngx_http_maskserve_ps_t *ps,
+    yajl_handle h, yajl_status status);
 static void ngx_http_maskserve_yajl_cleanup(void *data);
 static int ngx_http_maskserve_fail(ngx_http_maskserve_ps_t *ps,
     const char *param, const char *fmt, ...);
+static ngx_int_t ngx_http_maskserve_invalid(ngx_http_request_t *r,
+    ngx_http_maskserve_err_t *err, const char *param, const char *fmt, ...);
+static ngx_int_t ngx_http_maskserve_vinvalid(ngx_http_request_t *r,
+    ngx_http_maskserve_err_t *err, const char *param, const char *fmt,
+    va_list args);
 static int ngx_http_maskserve_value(ngx_http_maskserve_ps_t *ps,
     ngx_uint_t type, const unsigned char *s, size_t len, int b);
 static int ngx_http_maskserve_root_value(ngx_http_maskserve_ps_t *ps,
@@ -303,85 +308,81 @@ ngx_http_maskserve_check_generate(ngx_http_request_t *r,
     ngx_http_maskserve_gen_t *g, struct msv_ctrl *c,
     ngx_http_maskserve_loc_conf_t *lcf, ngx_http_maskserve_err_t *err)
 {
-    u_char      *msg;
-    ngx_uint_t   i, room;
-
-#define MSV_CHECK_FAIL(param, fmt, ...)                                       \
-    do {                                                                      \
-        msg = ngx_pnalloc(r->pool, 256);                                      \
-        if (msg == NULL) {                                                    \
-            ngx_http_maskserve_error(err, NGX_HTTP_INTERNAL_SERVER_ERROR,     \
-                                     NGX_HTTP_MASKSERVE_SERVER, NULL,         \
-                                     "out of memory");                        \
-            return NGX_ERROR;                                                 \
-        }                                                                     \
-        ngx_http_maskserve_set_error(err, NGX_HTTP_BAD_REQUEST,               \
-                                     NGX_HTTP_MASKSERVE_INVALID, param, msg,  \
-                                     ngx_snprintf(msg, 256, fmt, __VA_ARGS__) \
-                                     - msg);                                  \
-        return NGX_ERROR;                                                     \
-    } while (0)
+    ngx_uint_t  i, room;
 
     if (g->n_prompt == 0) {
-        MSV_CHECK_FAIL("token_ids", "token_ids must not be empty%s", "");
+        return ngx_http_maskserve_invalid(r, err, "token_ids",
+                                          "token_ids must not be empty");
     }
 
     if (g->n_prompt >= c->max_model_len) {
-        MSV_CHECK_FAIL("token_ids", "prompt of %ui tokens does not fit: "
-                       "max_model_len is %uD, so at most %uD prompt tokens",
-                       g->n_prompt, c->max_model_len, c->max_model_len - 1);
+        return ngx_http_maskserve_invalid(r, err, "token_ids",
+                                          "prompt of %ui tokens does not "
+                                          "fit: max_model_len is %uD, so at "
+                                          "most %uD prompt tokens",
+                                          g->n_prompt, c->max_model_len,
+                                          c->max_model_len - 1);
     }
 
     if (lcf->max_prompt && g->n_prompt > lcf->max_prompt) {
-        MSV_CHECK_FAIL("token_ids", "prompt of %ui tokens exceeds "
-                       "maskserve_max_prompt_tokens %ui",
-                       g->n_prompt, lcf->max_prompt);
+        return ngx_http_maskserve_invalid(r, err, "token_ids",
+                                          "prompt of %ui tokens exceeds "
+                                          "maskserve_max_prompt_tokens %ui",
+                                          g->n_prompt, lcf->max_prompt);
     }
 
     for (i = 0; i < g->n_prompt; i++) {
         if ((uint32_t) g->prompt[i] >= c->vocab_size) {
-            MSV_CHECK_FAIL("token_ids", "token_ids[%ui] = %D is outside "
-                           "the vocabulary [0, %uD)",
-                           i, g->prompt[i], c->vocab_size);
+            return ngx_http_maskserve_invalid(r, err, "token_ids",
+                                              "token_ids[%ui] = %D is "
+                                              "outside the vocabulary "
+                                              "[0, %uD)", i, g->prompt[i],
+                                              c->vocab_size);
         }
     }
 
     for (i = 0; i < g->params.n_stop; i++) {
         if ((uint32_t) g->params.stop_ids[i] >= c->vocab_size) {
-            MSV_CHECK_FAIL("sampling_params.stop_token_ids",
-                           "stop_token_ids[%ui] = %D is outside the "
-                           "vocabulary [0, %uD)",
-                           i, g->params.stop_ids[i], c->vocab_size);
+            return ngx_http_maskserve_invalid(r, err,
+                                              "sampling_params.stop_token_ids",
+                                              "stop_token_ids[%ui] = %D is "
+                                              "outside the vocabulary "
+                                              "[0, %uD)", i,
+                                              g->params.stop_ids[i],
+                                              c->vocab_size);
         }
     }
 
     for (i = 0; i < g->params.n_bias; i++) {
         if ((uint32_t) g->bias[i].id >= c->vocab_size) {
-            MSV_CHECK_FAIL("sampling_params.logit_bias",
-                           "logit_bias key %D is outside the vocabulary "
-                           "[0, %uD)", g->bias[i].id, c->vocab_size);
+            return ngx_http_maskserve_invalid(r, err,
+                                              "sampling_params.logit_bias",
+                                              "logit_bias key %D is outside "
+                                              "the vocabulary [0, %uD)",
+                                              g->bias[i].id, c->vocab_size);
         }
     }
 
     if (g->params.logprobs >= 0
         && (uint32_t) g->params.logprobs > c->max_logprobs)
     {
-        MSV_CHECK_FAIL("sampling_params.logprobs",
-                       "logprobs %D exceeds the maximum %uD",
-                       g->params.logprobs, c->max_logprobs);
+        return ngx_http_maskserve_invalid(r, err, "sampling_params.logprobs",
+                                          "logprobs %D exceeds the maximum "
+                                          "%uD", g->params.logprobs,
+                                          c->max_logprobs);
     }
 
     if (lcf->max_support && g->params.mask_mode != MSV_MASK_OFF
         && g->params.top_k > 0 && (ngx_uint_t) g->params.top_k
                                   > lcf->max_support)
     {
-        MSV_CHECK_FAIL("sampling_params.top_k",
-                       "top_k %D exceeds maskserve_max_support %ui: the "
-                       "sampling mask could not be returned",
-                       g->params.top_k, lcf->max_support);
+        return ngx_http_maskserve_invalid(r, err, "sampling_params.top_k",
+                                          "top_k %D exceeds "
+                                          "maskserve_max_support %ui: the "
+                                          "sampling mask could not be "
+                                          "returned", g->params.top_k,
+                                          lcf->max_support);
     }
-
-#undef MSV_CHECK_FAIL
 
     /* as vLLM does: the output is clipped to the context left */
     room = c->max_model_len - g->n_prompt;
@@ -465,7 +466,6 @@ ngx_http_maskserve_parse_body(ngx_http_maskserve_ps_t *ps)
     ngx_buf_t             *b;
     ngx_chain_t           *cl;
     ngx_uint_t             any;
-    unsigned char         *msg;
     ngx_pool_cleanup_t    *cln;
     ngx_http_request_t    *r;
     ngx_http_maskserve_err_t  *err;
@@ -496,8 +496,8 @@ ngx_http_maskserve_parse_body(ngx_http_maskserve_ps_t *ps)
             if (ngx_buf_in_memory(b)) {
                 if (b->last > b->pos) {
                     any = 1;
-                    if (ngx_http_maskserve_feed(ps, h, b->pos,
-                                                b->last - b->pos)
+                    if (ngx_http_maskserve_yajl_status(ps, h,
+                            yajl_parse(h, b->pos, b->last - b->pos))
                         != NGX_OK)
                     {
                         return NGX_ERROR;
@@ -535,7 +535,10 @@ ngx_http_maskserve_parse_body(ngx_http_maskserve_ps_t *ps)
                 }
 
                 any = 1;
-                if (ngx_http_maskserve_feed(ps, h, buf, n) != NGX_OK) {
+                if (ngx_http_maskserve_yajl_status(ps, h,
+                                                   yajl_parse(h, buf, n))
+                    != NGX_OK)
+                {
                     return NGX_ERROR;
                 }
             }
@@ -550,22 +553,7 @@ ngx_http_maskserve_parse_body(ngx_http_maskserve_ps_t *ps)
         return NGX_ERROR;
     }
 
-    if (yajl_complete_parse(h) == yajl_status_ok) {
-        return NGX_OK;
-    }
-
-    if (err->status) {
-        return NGX_ERROR;
-    }
-
-    msg = yajl_get_error(h, 0, NULL, 0);
-    ngx_http_maskserve_fail(ps, NULL, "invalid JSON: %s",
-                            msg ? (char *) msg : "parse error");
-    if (msg) {
-        yajl_free_error(h, msg);
-    }
-
-    return NGX_ERROR;
+    return ngx_http_maskserve_yajl_status(ps, h, yajl_complete_parse(h));
 
 nomem:
 
@@ -576,13 +564,15 @@ nomem:
 }
 
 
+/* What yajl_parse or yajl_complete_parse answered, as NGX_OK or NGX_ERROR. */
+
 static ngx_int_t
-ngx_http_maskserve_feed(ngx_http_maskserve_ps_t *ps, yajl_handle h,
-    u_char *p, size_t len)
+ngx_http_maskserve_yajl_status(ngx_http_maskserve_ps_t *ps, yajl_handle h,
+    yajl_status status)
 {
     unsigned char  *msg;
 
-    if (yajl_parse(h, p, len) == yajl_status_ok) {
+    if (status == yajl_status_ok) {
         return NGX_OK;
     }
 
@@ -615,24 +605,53 @@ static int
 ngx_http_maskserve_fail(ngx_http_maskserve_ps_t *ps, const char *param,
     const char *fmt, ...)
 {
-    u_char   *msg, *p, *last;
-    va_list   args;
+    va_list  args;
 
     if (ps->err->status) {
         return 0;
     }
 
-    msg = ngx_pnalloc(ps->r->pool, 256);
-    if (msg == NULL) {
-        ngx_http_maskserve_error(ps->err, NGX_HTTP_INTERNAL_SERVER_ERROR,
-                                 NGX_HTTP_MASKSERVE_SERVER, NULL,
-                                 "out of memory");
-        return 0;
-    }
+    va_start(args, fmt);
+    (void) ngx_http_maskserve_vinvalid(ps->r, ps->err, param, fmt, args);
+    va_end(args);
+
+    return 0;
+}
+
+
+/* Record a 400 naming param; returns NGX_ERROR. */
+
+static ngx_int_t
+ngx_http_maskserve_invalid(ngx_http_request_t *r,
+    ngx_http_maskserve_err_t *err, const char *param, const char *fmt, ...)
+{
+    ngx_int_t  rc;
+    va_list    args;
 
     va_start(args, fmt);
-    last = ngx_vslprintf(msg, msg + 256, fmt, args);
+    rc = ngx_http_maskserve_vinvalid(r, err, param, fmt, args);
     va_end(args);
+
+    return rc;
+}
+
+
+static ngx_int_t
+ngx_http_maskserve_vinvalid(ngx_http_request_t *r,
+    ngx_http_maskserve_err_t *err, const char *param, const char *fmt,
+    va_list args)
+{
+    u_char  *msg, *p, *last;
+
+    msg = ngx_pnalloc(r->pool, 256);
+    if (msg == NULL) {
+        ngx_http_maskserve_error(err, NGX_HTTP_INTERNAL_SERVER_ERROR,
+                                 NGX_HTTP_MASKSERVE_SERVER, NULL,
+                                 "out of memory");
+        return NGX_ERROR;
+    }
+
+    last = ngx_vslprintf(msg, msg + 256, fmt, args);
 
     /* yajl's messages end with a newline: keep the answer one line */
     for (p = msg; p < last; p++) {
@@ -641,10 +660,10 @@ ngx_http_maskserve_fail(ngx_http_maskserve_ps_t *ps, const char *param,
         }
     }
 
-    ngx_http_maskserve_set_error(ps->err, NGX_HTTP_BAD_REQUEST,
+    ngx_http_maskserve_set_error(err, NGX_HTTP_BAD_REQUEST,
                                  NGX_HTTP_MASKSERVE_INVALID, param, msg,
                                  p - msg);
-    return 0;
+    return NGX_ERROR;
 }
 
 
@@ -844,9 +863,26 @@ ngx_http_maskserve_value(ngx_http_maskserve_ps_t *ps, ngx_uint_t type,
         return 1;
 
     case MSV_FR_ROOT:
-        return ngx_http_maskserve_root_value(ps, ps->field, type, s, len, b);
-
     case MSV_FR_SP:
+        if (ps->field == NULL) {
+            /* yajl calls map_key before every value of an object */
+            return ngx_http_maskserve_fail(ps, NULL, "invalid JSON");
+        }
+
+        if (ps->field->key == MSV_K_UNKNOWN) {
+            /* ignored, as vLLM ignores extra fields; skip it whole */
+            if (type == MSV_V_MAP || type == MSV_V_ARRAY) {
+                ps->skip = 1;
+            }
+
+            return 1;
+        }
+
+        if (frame == MSV_FR_ROOT) {
+            return ngx_http_maskserve_root_value(ps, ps->field, type, s, len,
+                                                 b);
+        }
+
         return ngx_http_maskserve_sp_value(ps, ps->field, type, s, len, b);
 
     case MSV_FR_BIAS:
@@ -914,6 +950,8 @@ ngx_http_maskserve_value(ngx_http_maskserve_ps_t *ps, ngx_uint_t type,
 }
 
 
+/* The value of a known key of the root object. */
+
 static int
 ngx_http_maskserve_root_value(ngx_http_maskserve_ps_t *ps,
     ngx_http_maskserve_field_t *f, ngx_uint_t type, const unsigned char *s,
@@ -924,20 +962,7 @@ ngx_http_maskserve_root_value(ngx_http_maskserve_ps_t *ps,
 
     g = ps->g;
 
-    if (f == NULL) {
-        /* yajl calls map_key before every value of an object */
-        return ngx_http_maskserve_fail(ps, NULL, "invalid JSON");
-    }
-
     switch (f->key) {
-
-    case MSV_K_UNKNOWN:
-        /* ignored, as vLLM ignores extra fields; skip it whole */
-        if (type == MSV_V_MAP || type == MSV_V_ARRAY) {
-            ps->skip = 1;
-        }
-
-        return 1;
 
     case MSV_K_REQUEST_ID:
         if (type == MSV_V_NULL && g != NULL) {
@@ -1039,6 +1064,8 @@ ngx_http_maskserve_root_value(ngx_http_maskserve_ps_t *ps,
 }
 
 
+/* The value of a known key of sampling_params. */
+
 static int
 ngx_http_maskserve_sp_value(ngx_http_maskserve_ps_t *ps,
     ngx_http_maskserve_field_t *f, ngx_uint_t type, const unsigned char *s,
@@ -1050,18 +1077,6 @@ ngx_http_maskserve_sp_value(ngx_http_maskserve_ps_t *ps,
     struct msv_params  *p;
 
     p = &ps->g->params;
-
-    if (f == NULL) {
-        return ngx_http_maskserve_fail(ps, NULL, "invalid JSON");
-    }
-
-    if (f->key == MSV_K_UNKNOWN) {
-        if (type == MSV_V_MAP || type == MSV_V_ARRAY) {
-            ps->skip = 1;
-        }
-
-        return 1;
-    }
 
     /* null leaves the default, as vLLM's optional fields do */
     if (type == MSV_V_NULL) {
