@@ -194,6 +194,7 @@ typedef struct {
 } msv_redis_ctx_t;
 
 
+static void msv_redis_ctx_free(msv_redis_ctx_t *ctx);
 static ngx_int_t msv_redis_conf(msv_redis_ctx_t *ctx,
     ngx_http_maskserve_redis_conf_t *rcf, ngx_cycle_t *cycle);
 static ngx_int_t msv_redis_resolve(msv_redis_ctx_t *ctx);
@@ -203,6 +204,10 @@ static ngx_str_t *msv_redis_strdup(ngx_str_t *dst, u_char *src, size_t len,
 static void msv_redis_link_init(msv_redis_link_t *link, const char *name,
     ngx_uint_t subscriber, ngx_log_t *log);
 static void msv_redis_link_connect(msv_redis_link_t *link);
+static void msv_redis_link_reset(msv_redis_link_t *link,
+    redisAsyncContext *ac);
+static ngx_int_t msv_redis_link_handshake(msv_redis_link_t *link,
+    msv_redis_cmd_t *cmd);
 static void msv_redis_link_retry(msv_redis_link_t *link);
 static void msv_redis_link_close(msv_redis_link_t *link, const char *reason);
 static void msv_redis_link_fail(msv_redis_link_t *link, const char *reason);
@@ -223,6 +228,8 @@ static void msv_redis_add_read(void *privdata);
 static void msv_redis_del_read(void *privdata);
 static void msv_redis_add_write(void *privdata);
 static void msv_redis_del_write(void *privdata);
+static void msv_redis_event_set(msv_redis_adapter_t *a, ngx_uint_t write,
+    ngx_uint_t add, const char *reason);
 static void msv_redis_cleanup(void *privdata);
 static void msv_redis_read_handler(ngx_event_t *rev);
 static void msv_redis_write_handler(ngx_event_t *wev);
@@ -250,6 +257,8 @@ static void msv_redis_get_local_handler(ngx_event_t *ev);
 static void msv_redis_reply_error(msv_redis_ctx_t *ctx, const char *what,
     ngx_str_t *name, redisReply *reply);
 
+static ngx_int_t msv_redis_check_len(msv_redis_ctx_t *ctx, ngx_str_t *s,
+    size_t max, const char *what);
 static ngx_uint_t msv_redis_can_send(msv_redis_ctx_t *ctx);
 static void msv_redis_resync(msv_redis_ctx_t *ctx);
 static void msv_redis_flush_handler(ngx_event_t *ev);
@@ -271,6 +280,7 @@ static void msv_redis_cmd_init(msv_redis_cmd_t *cmd);
 static void msv_redis_arg(msv_redis_cmd_t *cmd, const void *p, size_t len);
 static void msv_redis_arg_cstr(msv_redis_cmd_t *cmd, const char *s);
 static void msv_redis_arg_uint(msv_redis_cmd_t *cmd, uint64_t v);
+static void msv_redis_cmd_pexpire(msv_redis_cmd_t *cmd, uint64_t ms);
 static void msv_redis_arg_fmt(msv_redis_cmd_t *cmd, const char *fmt, ...);
 
 static ngx_int_t msv_redis_reply_json(redisReply *reply, ngx_str_t *json,
@@ -340,13 +350,7 @@ ngx_http_maskserve_redis_init_process(ngx_cycle_t *cycle,
     ngx_queue_init(&ctx->finished);
 
     if (msv_redis_conf(ctx, rcf, cycle) != NGX_OK) {
-        ngx_free(ctx->password.data);
-        ngx_free(ctx->prefix.data);
-        ngx_free(ctx->hostname.data);
-        ngx_free(ctx->channel.data);
-        ngx_free(ctx->workers.data);
-        ngx_free(ctx->buckets);
-        ngx_free(ctx);
+        msv_redis_ctx_free(ctx);
         return NGX_ERROR;
     }
 
@@ -380,7 +384,8 @@ ngx_http_maskserve_redis_init_process(ngx_cycle_t *cycle,
 void
 ngx_http_maskserve_redis_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_queue_t        *q;
+    ngx_uint_t          i;
+    ngx_queue_t        *q, *queues[2];
     msv_redis_ctx_t    *ctx;
     msv_redis_entry_t  *e;
 
@@ -401,23 +406,29 @@ ngx_http_maskserve_redis_exit_process(ngx_cycle_t *cycle)
     msv_redis_link_close(&ctx->cmd, "process exiting");
     msv_redis_link_close(&ctx->sub, "process exiting");
 
-    /* the links are gone, so nothing is in flight any more */
-    while (!ngx_queue_empty(&ctx->active)) {
-        q = ngx_queue_head(&ctx->active);
-        e = ngx_queue_data(q, msv_redis_entry_t, queue);
-        msv_redis_entry_unlink(ctx, e);
-        ngx_free(e);
-    }
+    queues[0] = &ctx->active;
+    queues[1] = &ctx->finished;
 
-    while (!ngx_queue_empty(&ctx->finished)) {
-        q = ngx_queue_head(&ctx->finished);
-        e = ngx_queue_data(q, msv_redis_entry_t, queue);
-        msv_redis_entry_unlink(ctx, e);
-        ngx_free(e);
+    /* the links are gone, so nothing is in flight any more */
+    for (i = 0; i < 2; i++) {
+        while (!ngx_queue_empty(queues[i])) {
+            q = ngx_queue_head(queues[i]);
+            e = ngx_queue_data(q, msv_redis_entry_t, queue);
+            msv_redis_entry_unlink(ctx, e);
+            ngx_free(e);
+        }
     }
 
     msv_redis = NULL;
 
+    msv_redis_ctx_free(ctx);
+}
+
+
+/* free ctx and what msv_redis_conf allocated (ngx_free(NULL) is harmless) */
+static void
+msv_redis_ctx_free(msv_redis_ctx_t *ctx)
+{
     ngx_free(ctx->password.data);
     ngx_free(ctx->prefix.data);
     ngx_free(ctx->hostname.data);
@@ -446,7 +457,8 @@ ngx_http_maskserve_redis_connected(void)
 void
 ngx_http_maskserve_redis_stats(ngx_http_maskserve_redis_stats_t *st)
 {
-    ngx_queue_t        *q;
+    ngx_uint_t          i;
+    ngx_queue_t        *q, *queues[2];
     msv_redis_ctx_t    *ctx;
     msv_redis_entry_t  *e;
 
@@ -463,20 +475,17 @@ ngx_http_maskserve_redis_stats(ngx_http_maskserve_redis_stats_t *st)
     st->reconnects = (ctx->cmd.readies > 0 ? ctx->cmd.readies - 1 : 0)
                      + (ctx->sub.readies > 0 ? ctx->sub.readies - 1 : 0);
 
-    for (q = ngx_queue_head(&ctx->active);
-         q != ngx_queue_sentinel(&ctx->active);
-         q = ngx_queue_next(q))
-    {
-        e = ngx_queue_data(q, msv_redis_entry_t, queue);
-        st->unsynced += (e->dirty || e->inflight) ? 1 : 0;
-    }
+    queues[0] = &ctx->active;
+    queues[1] = &ctx->finished;
 
-    for (q = ngx_queue_head(&ctx->finished);
-         q != ngx_queue_sentinel(&ctx->finished);
-         q = ngx_queue_next(q))
-    {
-        e = ngx_queue_data(q, msv_redis_entry_t, queue);
-        st->unsynced += (e->dirty || e->inflight) ? 1 : 0;
+    for (i = 0; i < 2; i++) {
+        for (q = ngx_queue_head(queues[i]);
+             q != ngx_queue_sentinel(queues[i]);
+             q = ngx_queue_next(q))
+        {
+            e = ngx_queue_data(q, msv_redis_entry_t, queue);
+            st->unsynced += (e->dirty || e->inflight) ? 1 : 0;
+        }
     }
 }
 
@@ -694,9 +703,7 @@ msv_redis_link_connect(msv_redis_link_t *link)
 
     } else {
         if (ctx->addr[0] == '\0' && msv_redis_resolve(ctx) != NGX_OK) {
-            link->failures++;
-            msv_redis_link_retry(link);
-            return;
+            goto retry;
         }
 
         ac = redisAsyncConnect(ctx->addr, ctx->port);
@@ -706,28 +713,20 @@ msv_redis_link_connect(msv_redis_link_t *link)
         ngx_log_error(NGX_LOG_ALERT, ctx->log, 0,
                       "maskserve redis: %s connection: out of memory",
                       link->name);
-        link->failures++;
-        msv_redis_link_retry(link);
-        return;
+        goto retry;
     }
 
     if (ac->err) {
         ngx_log_error(level, ctx->log, 0,
                       "maskserve redis: %s connection to %s failed: %s",
                       link->name, ctx->peer, ac->errstr);
-        redisAsyncFree(ac);
-        link->failures++;
-        msv_redis_link_retry(link);
-        return;
+        goto free_ac;
     }
 
     ac->data = link;
 
     if (msv_redis_attach(ac, link) != NGX_OK) {
-        redisAsyncFree(ac);
-        link->failures++;
-        msv_redis_link_retry(link);
-        return;
+        goto free_ac;
     }
 
     if (redisAsyncSetConnectCallback(ac, msv_redis_connect_cb) != REDIS_OK
@@ -737,10 +736,7 @@ msv_redis_link_connect(msv_redis_link_t *link)
         ngx_log_error(NGX_LOG_ALERT, ctx->log, 0,
                       "maskserve redis: %s connection: cannot set "
                       "callbacks", link->name);
-        redisAsyncFree(ac);
-        link->failures++;
-        msv_redis_link_retry(link);
-        return;
+        goto free_ac;
     }
 
     if (!ctx->unix_socket && redisEnableKeepAlive(&ac->c) != REDIS_OK) {
@@ -749,12 +745,7 @@ msv_redis_link_connect(msv_redis_link_t *link)
                       link->name, ac->c.errstr);
     }
 
-    link->ac = ac;
-    link->ready = 0;
-    link->closing = 0;
-    link->pending = 0;
-    link->handshake = 0;
-    link->reason = NULL;
+    msv_redis_link_reset(link, ac);
 
     /*
      * The handshake is queued before the socket is connected; hiredis
@@ -766,13 +757,9 @@ msv_redis_link_connect(msv_redis_link_t *link)
         msv_redis_arg_cstr(&cmd, "AUTH");
         msv_redis_arg(&cmd, ctx->password.data, ctx->password.len);
 
-        if (msv_redis_link_send(link, msv_redis_handshake_cb, link, &cmd)
-            != NGX_OK)
-        {
+        if (msv_redis_link_handshake(link, &cmd) != NGX_OK) {
             goto failed;
         }
-
-        link->handshake++;
     }
 
     if (link->subscriber) {
@@ -792,25 +779,17 @@ msv_redis_link_connect(msv_redis_link_t *link)
             msv_redis_arg_cstr(&cmd, "SELECT");
             msv_redis_arg_uint(&cmd, (uint64_t) ctx->db);
 
-            if (msv_redis_link_send(link, msv_redis_handshake_cb, link, &cmd)
-                != NGX_OK)
-            {
+            if (msv_redis_link_handshake(link, &cmd) != NGX_OK) {
                 goto failed;
             }
-
-            link->handshake++;
         }
 
         msv_redis_cmd_init(&cmd);
         msv_redis_arg_cstr(&cmd, "PING");
 
-        if (msv_redis_link_send(link, msv_redis_handshake_cb, link, &cmd)
-            != NGX_OK)
-        {
+        if (msv_redis_link_handshake(link, &cmd) != NGX_OK) {
             goto failed;
         }
-
-        link->handshake++;
     }
 
     return;
@@ -819,6 +798,45 @@ failed:
 
     link->failures++;
     msv_redis_link_close(link, "cannot queue the handshake");
+    return;
+
+free_ac:
+
+    redisAsyncFree(ac);
+
+retry:
+
+    link->failures++;
+    msv_redis_link_retry(link);
+}
+
+
+/* forget the state of the previous context and take ac (NULL: none) */
+static void
+msv_redis_link_reset(msv_redis_link_t *link, redisAsyncContext *ac)
+{
+    link->ac = ac;
+    link->ready = 0;
+    link->closing = 0;
+    link->pending = 0;
+    link->handshake = 0;
+    link->reason = NULL;
+}
+
+
+/* queue a handshake command (AUTH, SELECT, PING) on link */
+static ngx_int_t
+msv_redis_link_handshake(msv_redis_link_t *link, msv_redis_cmd_t *cmd)
+{
+    if (msv_redis_link_send(link, msv_redis_handshake_cb, link, cmd)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    link->handshake++;
+
+    return NGX_OK;
 }
 
 
@@ -938,12 +956,7 @@ msv_redis_link_lost(msv_redis_link_t *link, const redisAsyncContext *ac,
 
     was_ready = link->readies > 0 && link->failures == 0;
 
-    link->ac = NULL;
-    link->ready = 0;
-    link->closing = 0;
-    link->pending = 0;
-    link->handshake = 0;
-    link->reason = NULL;
+    msv_redis_link_reset(link, NULL);
 
     if (link->watchdog.timer_set) {
         ngx_del_timer(&link->watchdog);
@@ -1220,71 +1233,55 @@ msv_redis_attach(redisAsyncContext *ac, msv_redis_link_t *link)
 static void
 msv_redis_add_read(void *privdata)
 {
-    msv_redis_adapter_t  *a = privdata;
-    ngx_event_t          *rev;
-
-    rev = a->conn->read;
-
-    if (rev->active) {
-        return;
-    }
-
-    if (ngx_add_event(rev, NGX_READ_EVENT, NGX_LEVEL_EVENT) != NGX_OK) {
-        msv_redis_link_fail(a->link, "cannot add the read event");
-    }
+    msv_redis_event_set(privdata, 0, 1, "cannot add the read event");
 }
 
 
 static void
 msv_redis_del_read(void *privdata)
 {
-    msv_redis_adapter_t  *a = privdata;
-    ngx_event_t          *rev;
-
-    rev = a->conn->read;
-
-    if (!rev->active) {
-        return;
-    }
-
-    if (ngx_del_event(rev, NGX_READ_EVENT, NGX_LEVEL_EVENT) != NGX_OK) {
-        msv_redis_link_fail(a->link, "cannot delete the read event");
-    }
+    msv_redis_event_set(privdata, 0, 0, "cannot delete the read event");
 }
 
 
 static void
 msv_redis_add_write(void *privdata)
 {
-    msv_redis_adapter_t  *a = privdata;
-    ngx_event_t          *wev;
-
-    wev = a->conn->write;
-
-    if (wev->active) {
-        return;
-    }
-
-    if (ngx_add_event(wev, NGX_WRITE_EVENT, NGX_LEVEL_EVENT) != NGX_OK) {
-        msv_redis_link_fail(a->link, "cannot add the write event");
-    }
+    msv_redis_event_set(privdata, 1, 1, "cannot add the write event");
 }
 
 
 static void
 msv_redis_del_write(void *privdata)
 {
-    msv_redis_adapter_t  *a = privdata;
-    ngx_event_t          *wev;
+    msv_redis_event_set(privdata, 1, 0, "cannot delete the write event");
+}
 
-    wev = a->conn->write;
 
-    if (!wev->active) {
+/*
+ * Add (add 1) or delete (add 0) the read (write 0) or write (write 1)
+ * event of a's connection unless it already is in that state; on failure
+ * the link is closed, giving reason.
+ */
+static void
+msv_redis_event_set(msv_redis_adapter_t *a, ngx_uint_t write,
+    ngx_uint_t add, const char *reason)
+{
+    ngx_int_t     event, rc;
+    ngx_event_t  *ev;
+
+    ev = write ? a->conn->write : a->conn->read;
+    event = write ? NGX_WRITE_EVENT : NGX_READ_EVENT;
+
+    if (ev->active == add) {
         return;
     }
 
-    if (ngx_del_event(wev, NGX_WRITE_EVENT, NGX_LEVEL_EVENT) != NGX_OK) {
-        msv_redis_link_fail(a->link, "cannot delete the write event");
+    rc = add ? ngx_add_event(ev, event, NGX_LEVEL_EVENT)
+             : ngx_del_event(ev, event, NGX_LEVEL_EVENT);
+
+    if (rc != NGX_OK) {
+        msv_redis_link_fail(a->link, reason);
     }
 }
 
@@ -1750,10 +1747,9 @@ ngx_http_maskserve_redis_publish_abort(ngx_str_t *id)
         return;
     }
 
-    if (id->len == 0 || id->len > MSV_REDIS_ID_MAX) {
-        ngx_log_error(NGX_LOG_ERR, ctx->log, 0,
-                      "maskserve redis: abort: id must be 1..%d bytes",
-                      MSV_REDIS_ID_MAX);
+    if (msv_redis_check_len(ctx, id, MSV_REDIS_ID_MAX, "abort: id")
+        != NGX_OK)
+    {
         return;
     }
 
@@ -1864,10 +1860,9 @@ ngx_http_maskserve_redis_worker_update(ngx_str_t *region,
         return;
     }
 
-    if (region->len == 0 || region->len > MSV_REDIS_NAME_MAX) {
-        ngx_log_error(NGX_LOG_ERR, ctx->log, 0,
-                      "maskserve redis: worker region must be 1..%d bytes",
-                      MSV_REDIS_NAME_MAX);
+    if (msv_redis_check_len(ctx, region, MSV_REDIS_NAME_MAX, "worker region")
+        != NGX_OK)
+    {
         return;
     }
 
@@ -1927,10 +1922,9 @@ ngx_http_maskserve_redis_req_update(ngx_str_t *id, ngx_str_t *region,
         return;
     }
 
-    if (id->len == 0 || id->len > MSV_REDIS_ID_MAX) {
-        ngx_log_error(NGX_LOG_ERR, ctx->log, 0,
-                      "maskserve redis: request id must be 1..%d bytes",
-                      MSV_REDIS_ID_MAX);
+    if (msv_redis_check_len(ctx, id, MSV_REDIS_ID_MAX, "request id")
+        != NGX_OK)
+    {
         return;
     }
 
@@ -2014,6 +2008,21 @@ ngx_http_maskserve_redis_req_update(ngx_str_t *id, ngx_str_t *region,
 }
 
 
+/* NGX_OK when s is 1..max bytes; otherwise logs "<what> must be ..." */
+static ngx_int_t
+msv_redis_check_len(msv_redis_ctx_t *ctx, ngx_str_t *s, size_t max,
+    const char *what)
+{
+    if (s->len == 0 || s->len > max) {
+        ngx_log_error(NGX_LOG_ERR, ctx->log, 0,
+                      "maskserve redis: %s must be 1..%uz bytes", what, max);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
 /* ------------------------------------------------------------------ */
 /* Writing the backlog                                                  */
 
@@ -2046,23 +2055,20 @@ static void
 msv_redis_resync(msv_redis_ctx_t *ctx)
 {
     ngx_uint_t          i;
-    ngx_queue_t        *q;
+    ngx_queue_t        *q, *queues[2];
     msv_redis_entry_t  *e;
 
-    for (q = ngx_queue_head(&ctx->active);
-         q != ngx_queue_sentinel(&ctx->active);
-         q = ngx_queue_next(q))
-    {
-        e = ngx_queue_data(q, msv_redis_entry_t, queue);
-        e->dirty = 1;
-    }
+    queues[0] = &ctx->active;
+    queues[1] = &ctx->finished;
 
-    for (q = ngx_queue_head(&ctx->finished);
-         q != ngx_queue_sentinel(&ctx->finished);
-         q = ngx_queue_next(q))
-    {
-        e = ngx_queue_data(q, msv_redis_entry_t, queue);
-        e->dirty = 1;
+    for (i = 0; i < 2; i++) {
+        for (q = ngx_queue_head(queues[i]);
+             q != ngx_queue_sentinel(queues[i]);
+             q = ngx_queue_next(q))
+        {
+            e = ngx_queue_data(q, msv_redis_entry_t, queue);
+            e->dirty = 1;
+        }
     }
 
     for (i = 0; i < ctx->nwk; i++) {
@@ -2187,10 +2193,7 @@ msv_redis_entry_send(msv_redis_ctx_t *ctx, msv_redis_entry_t *e)
     }
 
     /* argv[1] (the key) stays valid: cmd is still in scope */
-    cmd.argc = 2;
-    cmd.argv[0] = "PEXPIRE";
-    cmd.argvlen[0] = 7;
-    msv_redis_arg_uint(&cmd, ctx->req_ttl);
+    msv_redis_cmd_pexpire(&cmd, ctx->req_ttl);
 
     rc = msv_redis_link_send(&ctx->cmd, msv_redis_entry_cb, e, &cmd);
     if (rc != NGX_OK) {
@@ -2240,10 +2243,7 @@ msv_redis_worker_send(msv_redis_ctx_t *ctx, msv_redis_worker_t *w)
 
     w->dirty = 0;
 
-    cmd.argc = 2;
-    cmd.argv[0] = "PEXPIRE";
-    cmd.argvlen[0] = 7;
-    msv_redis_arg_uint(&cmd, MSV_REDIS_WORKER_TTL);
+    msv_redis_cmd_pexpire(&cmd, MSV_REDIS_WORKER_TTL);
 
     if (msv_redis_link_send(&ctx->cmd, msv_redis_worker_cb, w, &cmd)
         != NGX_OK)
@@ -2446,6 +2446,17 @@ msv_redis_arg_uint(msv_redis_cmd_t *cmd, uint64_t v)
 }
 
 
+/* turn cmd, sent on a key (argv[1]), into PEXPIRE <key> <ms> */
+static void
+msv_redis_cmd_pexpire(msv_redis_cmd_t *cmd, uint64_t ms)
+{
+    cmd->argc = 2;
+    cmd->argv[0] = "PEXPIRE";
+    cmd->argvlen[0] = 7;
+    msv_redis_arg_uint(cmd, ms);
+}
+
+
 /* an argument formatted into the command's own buffer */
 static void
 msv_redis_arg_fmt(msv_redis_cmd_t *cmd, const char *fmt, ...)
@@ -2588,7 +2599,7 @@ msv_redis_reply_json(redisReply *reply, ngx_str_t *json, ngx_log_t *log)
 static size_t
 msv_redis_json_string(u_char *dst, const u_char *src, size_t len)
 {
-    u_char         c;
+    u_char         c, esc;
     size_t         n, seq;
     const u_char  *end;
 
@@ -2624,31 +2635,34 @@ msv_redis_json_string(u_char *dst, const u_char *src, size_t len)
 
         src++;
 
-        if (c == '"' || c == '\\') {
+        /* the letter after a backslash, for characters that have one */
+        switch (c) {
+        case '"':  esc = '"'; break;
+        case '\\': esc = '\\'; break;
+        case '\n': esc = 'n'; break;
+        case '\r': esc = 'r'; break;
+        case '\t': esc = 't'; break;
+        case '\b': esc = 'b'; break;
+        case '\f': esc = 'f'; break;
+        default:   esc = '\0';
+        }
+
+        if (esc != '\0') {
             if (dst) {
                 *dst++ = '\\';
-                *dst++ = c;
+                *dst++ = esc;
             }
 
             n += 2;
 
         } else if (c < 0x20) {
             if (dst) {
-                switch (c) {
-                case '\n': dst = ngx_cpymem(dst, "\\n", 2); break;
-                case '\r': dst = ngx_cpymem(dst, "\\r", 2); break;
-                case '\t': dst = ngx_cpymem(dst, "\\t", 2); break;
-                case '\b': dst = ngx_cpymem(dst, "\\b", 2); break;
-                case '\f': dst = ngx_cpymem(dst, "\\f", 2); break;
-                default:
-                    dst = ngx_cpymem(dst, "\\u00", 4);
-                    *dst++ = hex[c >> 4];
-                    *dst++ = hex[c & 0xf];
-                }
+                dst = ngx_cpymem(dst, "\\u00", 4);
+                *dst++ = hex[c >> 4];
+                *dst++ = hex[c & 0xf];
             }
 
-            n += (c == '\n' || c == '\r' || c == '\t' || c == '\b'
-                  || c == '\f') ? 2 : 6;
+            n += 6;
 
         } else {
             if (dst) {
