@@ -510,7 +510,7 @@ int
 msv_sched_step(struct msv_sched *s)
 {
     int              did;
-    uint32_t         i, nb, ns, ntok, budget, take, *out_row;
+    uint32_t         i, nb, ns, ntok, budget, take;
     struct msv_seq  *q;
     struct msv_slot *sl;
     struct msv_batch b;
@@ -553,7 +553,6 @@ msv_sched_step(struct msv_sched *s)
     nb = 0;
     ntok = 0;
     budget = s->max_batched;
-    out_row = s->b_order;      /* reused: batch index -> slot */
 
     for (i = 0; i < s->n_slots; i++) {
         q = &s->seqs[i];
@@ -564,7 +563,7 @@ msv_sched_step(struct msv_sched *s)
         s->b_new[nb] = 1;
         s->b_pos0[nb] = q->n_kv;
         s->b_tok[ntok++] = q->toks[q->n_kv];
-        out_row[nb++] = i;
+        nb++;
         budget = budget > 0 ? budget - 1 : 0;
     }
 
@@ -583,7 +582,7 @@ msv_sched_step(struct msv_sched *s)
         memcpy(s->b_tok + ntok, q->toks + q->n_kv, take * sizeof(int32_t));
         ntok += take;
         budget -= take;
-        out_row[nb++] = i;
+        nb++;
     }
 
     if (nb > 0) {
@@ -601,16 +600,17 @@ msv_sched_step(struct msv_sched *s)
             return -1;
         }
 
-        /* sample every sequence whose prompt is complete, in parallel;
-         * then take the tokens and write the rows in batch order */
+        /* sample every sequence whose prompt is complete, in parallel
+         * (b_order: their slots); then take the tokens and write the rows
+         * in batch order */
         ns = 0;
         for (i = 0; i < nb; i++) {
-            q = &s->seqs[out_row[i]];
+            q = &s->seqs[s->b_seq[i]];
             q->n_kv += s->b_new[i];
             if (q->phase == MSV_SEQ_PREFILL && q->n_kv < q->n_prompt) {
                 continue;           /* chunk of a longer prompt */
             }
-            s->b_seq[ns] = out_row[i];
+            s->b_order[ns] = s->b_seq[i];
             msv_sched_prepare(s, q, s->logits + (size_t) i * s->vocab,
                               &s->items[ns++]);
         }
@@ -618,7 +618,9 @@ msv_sched_step(struct msv_sched *s)
         msv_sample_pool_run(s->pool, s->items, ns);
 
         for (i = 0; i < ns; i++) {
-            if (msv_sched_take(s, &s->seqs[s->b_seq[i]], &s->items[i]) != 0) {
+            if (msv_sched_take(s, &s->seqs[s->b_order[i]], &s->items[i])
+                != 0)
+            {
                 return -1;
             }
         }

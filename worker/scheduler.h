@@ -59,7 +59,8 @@ struct msv_sched {
     uint32_t                       *b_new;
     uint32_t                       *b_pos0;
     int32_t                        *b_tok;
-    uint32_t                       *b_order;    /* FIFO admission */
+    uint32_t                       *b_order;    /* admission order, then
+                                                   the slots to sample */
     struct msv_sample_item         *items;      /* rows to sample */
 
     uint64_t                        step;
