@@ -502,8 +502,9 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
         redis = ngx_http_maskserve_redis_connected() ? "up" : "down";
     }
 
-    status = (ready == n && n > 0) ? "ok" : (ready ? "degraded"
-                                                   : "unavailable");
+    /* a configured Redis that is down degrades, never fails, health */
+    status = !ready ? "unavailable"
+             : (ready < n || redis[0] == 'd') ? "degraded" : "ok";
 
     p = b->last;
     p = ngx_sprintf(p, "{\"status\":\"%s\",\"nginx_pid\":%P,\"redis\":\"%s\","

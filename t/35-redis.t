@@ -275,6 +275,10 @@ is(scalar @live, 6, 'all six still generating when Redis stops');
 $t->stop_redis;
 ok(MsvTest::wait_for(sub { redis_state($t) eq 'down' }, 5),
    'health: redis down');
+my $hd = $t->get('/health');
+is($hd->{status}, 200, 'health with Redis down: still 200');
+is($hd->{json} && $hd->{json}{status}, 'degraded',
+   'health with Redis down: status degraded');
 
 for my $i (1 .. 2) {
     $r = $t->generate(req("t35-down-$i", 20));
@@ -296,6 +300,7 @@ is($t->health->{redis}, 'down', 'still down');
 $t->start_redis;
 ok(MsvTest::wait_for(sub { redis_state($t) eq 'up' }, 10),
    'health: redis up again');
+is($t->health->{status}, 'ok', 'health: ok again with Redis back');
 
 for my $id ((map { "t35-load-$_" } 1 .. 6), 't35-down-1', 't35-down-2') {
     my $max = $id =~ /down/ ? 20 : 1500;
