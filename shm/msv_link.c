@@ -9,6 +9,7 @@
 #endif
 
 #include <errno.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -519,16 +520,14 @@ msv_release_entry(struct msv_ctrl *c, uint32_t i, int32_t pid)
 
 
 int
-msv_attach(struct msv_attachment *a, const char *name, char *err,
+msv_attach_start(struct msv_attachment *a, const char *name, char *err,
     size_t errlen)
 {
-    int                  e, got_fd;
+    int                  e;
     uint32_t             st;
-    uint64_t             now, hb, w;
-    ssize_t              n;
+    uint64_t             now, hb;
     struct msv_ctrl     *c;
     struct msv_hello     h;
-    struct msv_welcome   wel;
     struct sockaddr_un   sa;
     static const char   *states[] = { "starting", "ready", "draining",
                                       "stopped" };
@@ -613,10 +612,38 @@ msv_attach(struct msv_attachment *a, const char *name, char *err,
         goto failed;
     }
 
+    return 0;
+
+failed:
+
+    msv_detach(a);
+    return -1;
+}
+
+
+int
+msv_attach_finish(struct msv_attachment *a, char *err, size_t errlen)
+{
+    int                  got_fd;
+    uint64_t             w;
+    ssize_t              n;
+    const char          *name = a->rg.name + 1;
+    struct pollfd        pfd;
+    struct msv_ctrl     *c = a->rg.ctrl;
+    struct msv_welcome   wel;
+
+    pfd.fd = a->conn_fd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, 1, 0) == 0) {
+        return 1;               /* not yet */
+    }
+
+    /* the welcome is one small message: here whole, or EOF */
     n = msv_recv_fd(a->conn_fd, &wel, sizeof(wel), &got_fd);
     if (n <= 0) {
         snprintf(err, errlen, "waiting for the welcome on %s: %s",
-                 sa.sun_path, n == 0 ? "worker closed the connection"
+                 c->sock_path, n == 0 ? "worker closed the connection"
                                      : strerror(errno));
         goto failed;
     }
@@ -624,7 +651,7 @@ msv_attach(struct msv_attachment *a, const char *name, char *err,
 
     if (wel.magic != MSV_WELCOME_MAGIC) {
         snprintf(err, errlen, "welcome from %s has bad magic %08x",
-                 sa.sun_path, wel.magic);
+                 c->sock_path, wel.magic);
         goto failed;
     }
     if (wel.status != 0) {
@@ -665,6 +692,35 @@ failed:
 
     msv_detach(a);
     return -1;
+}
+
+
+int
+msv_attach(struct msv_attachment *a, const char *name, char *err,
+    size_t errlen)
+{
+    int            rc;
+    struct pollfd  pfd;
+
+    if (msv_attach_start(a, name, err, errlen) != 0) {
+        return -1;
+    }
+
+    pfd.fd = a->conn_fd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    while (poll(&pfd, 1, MSV_ATTACH_TIMEOUT_MS) < 0 && errno == EINTR) {
+        /* again */
+    }
+
+    rc = msv_attach_finish(a, err, errlen);
+    if (rc == 1) {
+        snprintf(err, errlen, "waiting for the welcome on %s: no answer "
+                 "in %d ms", a->rg.ctrl->sock_path, MSV_ATTACH_TIMEOUT_MS);
+        msv_detach(a);
+        return -1;
+    }
+    return rc;
 }
 
 

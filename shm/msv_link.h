@@ -85,6 +85,18 @@ int msv_attach(struct msv_attachment *a, const char *name, char *err,
     size_t errlen);
 
 /*
+ * The same in two steps, for readers that must not block (nginx):
+ * msv_attach_start does everything up to sending the hello (0, or -1 with
+ * err, detached); then, when conn_fd turns readable or from a timer,
+ * msv_attach_finish takes the welcome: 1 not here yet, 0 attached, -1
+ * failed (err set, detached).  A reader that gives up waiting calls
+ * msv_detach.
+ */
+int msv_attach_start(struct msv_attachment *a, const char *name, char *err,
+    size_t errlen);
+int msv_attach_finish(struct msv_attachment *a, char *err, size_t errlen);
+
+/*
  * Reader: free the slots this attachment still holds that can be freed
  * (claimed, finished, aborted), cancel the ones submitted or running (the
  * worker frees those when it sees us go), release the entry, close fds,

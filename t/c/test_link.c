@@ -6,6 +6,7 @@
  * learns that its worker is gone.
  */
 
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -189,6 +190,70 @@ readable(int fd, int ms)
     struct pollfd  pf = { fd, POLLIN, 0 };
 
     return poll(&pf, 1, ms) == 1;
+}
+
+
+/* ------------------------------------------------------------------ */
+
+/*
+ * The attach in two steps, as nginx does it: the hello goes out at once,
+ * the welcome is taken when it comes, and a reader that gives up on a
+ * stopped worker leaves nothing behind that blocks a later attach.
+ */
+static void
+test_two_steps(void)
+{
+    int                    rc, tries;
+    char                   err[256];
+    pid_t                  pid;
+    struct msv_attachment  a;
+
+    pid = worker_start(4);
+    if (!tap_ok(pid > 0, "two steps: worker started")) {
+        return;
+    }
+
+    kill(pid, SIGSTOP);
+    rc = msv_attach_start(&a, name, err, sizeof(err));
+    tap_ok(rc == 0 && a.conn_fd >= 0, "start sends the hello while the "
+           "worker is stopped (%s)", rc ? err : "ok");
+    tap_ok(rc == 0 && msv_attach_finish(&a, err, sizeof(err)) == 1,
+           "finish: no welcome yet, and no wait");
+
+    kill(pid, SIGCONT);
+    rc = readable(a.conn_fd, 2000)
+         ? msv_attach_finish(&a, err, sizeof(err)) : 1;
+    tap_ok(rc == 0 && flags_ok(a.conn_fd, 1) && a.kick_fd >= 0,
+           "finish once the welcome is there: attached (%s)",
+           rc ? err : "ok");
+    if (rc == 0) {
+        tap_ok(msv_consumer_arm(&a.cons) == 0 && cmd('p') == 0
+               && readable(a.wake_fd, 2000),
+               "rows published after a two-step attach wake the reader");
+        msv_detach(&a);
+    }
+
+    /* give up on a stopped worker, then attach again once it runs */
+    kill(pid, SIGSTOP);
+    rc = msv_attach_start(&a, name, err, sizeof(err));
+    tap_ok(rc == 0 && msv_attach_finish(&a, err, sizeof(err)) == 1,
+           "second hello to a stopped worker: pending");
+    msv_detach(&a);
+    kill(pid, SIGCONT);
+
+    for (tries = 0; tries < 5; tries++) {
+        if (msv_attach(&a, name, err, sizeof(err)) == 0) {
+            break;
+        }
+        usleep(100 * 1000);
+    }
+    tap_ok(tries < 5, "after giving up once, a new attach succeeds "
+           "(%d refused first)", tries);
+    if (tries < 5) {
+        msv_detach(&a);
+    }
+
+    tap_ok(worker_stop(pid) == 0, "two steps: worker exits");
 }
 
 
@@ -556,5 +621,6 @@ main(void)
     test_handshake_and_wake();
     test_refusals();
     test_listen();
+    test_two_steps();
     return tap_done();
 }
