@@ -46,6 +46,11 @@
 
 static ngx_int_t ngx_http_maskserve_link_attach(
     ngx_http_maskserve_region_t *rg);
+static void ngx_http_maskserve_link_hello_handler(ngx_event_t *ev);
+static void ngx_http_maskserve_link_attach_failed(
+    ngx_http_maskserve_region_t *rg, const char *err);
+static ngx_int_t ngx_http_maskserve_link_attached(
+    ngx_http_maskserve_region_t *rg);
 static ngx_connection_t *ngx_http_maskserve_link_watch(
     ngx_http_maskserve_region_t *rg, int fd, ngx_event_handler_pt handler);
 static void ngx_http_maskserve_link_unwatch(ngx_connection_t *c);
@@ -126,6 +131,12 @@ ngx_http_maskserve_link_exit_process(ngx_cycle_t *cycle,
 
         if (rg[i].attached) {
             ngx_http_maskserve_link_detach(&rg[i]);
+
+        } else if (rg[i].attaching) {
+            rg[i].attaching = 0;
+            ngx_http_maskserve_link_unwatch(rg[i].conn);
+            rg[i].conn = NULL;
+            msv_detach(&rg[i].att);
         }
 
         if (rg[i].slots) {
@@ -136,28 +147,117 @@ ngx_http_maskserve_link_exit_process(ngx_cycle_t *cycle,
 }
 
 
+/*
+ * Attaching does not block: the hello goes out here, and the welcome is
+ * taken by the hello handler when the worker's answer makes the socket
+ * readable (or the retry timer gives up after NGX_HTTP_MASKSERVE_WELCOME
+ * ms).  A worker busy with a long step then delays only its own attach.
+ */
+
 static ngx_int_t
 ngx_http_maskserve_link_attach(ngx_http_maskserve_region_t *rg)
 {
-    char                        err[256];
-    struct msv_ctrl            *c;
-    ngx_http_maskserve_slot_t  *slots;
+    char  err[256];
 
-    if (msv_attach(&rg->att, (char *) rg->name.data, err, sizeof(err)) != 0) {
-        rg->fails++;
-
-        /* say it once per cause, not every 500 ms */
-        if (rg->fails == 1
-            || ngx_strncmp(rg->err, err, sizeof(rg->err)) != 0)
-        {
-            ngx_log_error(NGX_LOG_WARN, rg->log, 0,
-                          "maskserve: worker region \"%V\" not attached: %s",
-                          &rg->name, err);
-        }
-
-        ngx_cpystrn(rg->err, (u_char *) err, sizeof(rg->err));
+    if (msv_attach_start(&rg->att, (char *) rg->name.data, err, sizeof(err))
+        != 0)
+    {
+        ngx_http_maskserve_link_attach_failed(rg, err);
         return NGX_ERROR;
     }
+
+    rg->conn = ngx_http_maskserve_link_watch(rg, rg->att.conn_fd,
+                                      ngx_http_maskserve_link_hello_handler);
+    if (rg->conn == NULL) {
+        msv_detach(&rg->att);
+        ngx_http_maskserve_link_attach_failed(rg,
+                                              "cannot watch the worker socket");
+        return NGX_ERROR;
+    }
+
+    rg->attaching = 1;
+    ngx_cpystrn(rg->err, (u_char *) "waiting for the worker's welcome",
+                sizeof(rg->err));
+
+    if (rg->retry.timer_set) {
+        ngx_del_timer(&rg->retry);
+    }
+    ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_WELCOME);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_maskserve_link_attach_failed(ngx_http_maskserve_region_t *rg,
+    const char *err)
+{
+    rg->fails++;
+
+    /* say it once per cause, not every 500 ms */
+    if (rg->fails == 1 || ngx_strncmp(rg->err, err, sizeof(rg->err)) != 0) {
+        ngx_log_error(NGX_LOG_WARN, rg->log, 0,
+                      "maskserve: worker region \"%V\" not attached: %s",
+                      &rg->name, err);
+    }
+
+    ngx_cpystrn(rg->err, (u_char *) err, sizeof(rg->err));
+}
+
+
+/* The worker socket while attaching: the welcome, or a refusal. */
+
+static void
+ngx_http_maskserve_link_hello_handler(ngx_event_t *ev)
+{
+    char                          err[256];
+    ngx_int_t                     rc;
+    ngx_connection_t             *c;
+    ngx_http_maskserve_region_t  *rg;
+
+    c = ev->data;
+    rg = c->data;
+
+    if (!rg->attaching) {
+        return;
+    }
+
+    rc = msv_attach_finish(&rg->att, err, sizeof(err));
+    if (rc == 1) {
+        return;                 /* not the welcome yet */
+    }
+
+    rg->attaching = 0;
+
+    if (rg->retry.timer_set) {
+        ngx_del_timer(&rg->retry);
+    }
+
+    if (rc != 0) {
+        /* msv_attach_finish detached (and closed the socket) already */
+        ngx_http_maskserve_link_unwatch(rg->conn);
+        rg->conn = NULL;
+        ngx_http_maskserve_link_attach_failed(rg, err);
+        ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
+        return;
+    }
+
+    if (ngx_http_maskserve_link_attached(rg) != NGX_OK) {
+        ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
+    }
+}
+
+
+/* The welcome came: watch the wakeups, serve rows. */
+
+static ngx_int_t
+ngx_http_maskserve_link_attached(ngx_http_maskserve_region_t *rg)
+{
+    struct msv_ctrl                 *c;
+    ngx_http_maskserve_slot_t       *slots;
+    ngx_http_maskserve_main_conf_t  *mcf;
+
+    rg->conn->read->handler = ngx_http_maskserve_link_conn_handler;
 
     c = rg->att.rg.ctrl;
 
@@ -165,6 +265,8 @@ ngx_http_maskserve_link_attach(ngx_http_maskserve_region_t *rg)
         slots = ngx_alloc(c->n_slots * sizeof(ngx_http_maskserve_slot_t),
                           rg->log);
         if (slots == NULL) {
+            ngx_http_maskserve_link_unwatch(rg->conn);
+            rg->conn = NULL;
             msv_detach(&rg->att);
             ngx_cpystrn(rg->err, (u_char *) "out of memory", sizeof(rg->err));
             return NGX_ERROR;
@@ -184,19 +286,10 @@ ngx_http_maskserve_link_attach(ngx_http_maskserve_region_t *rg)
     rg->wake = ngx_http_maskserve_link_watch(rg, rg->att.wake_fd,
                                       ngx_http_maskserve_link_wake_handler);
     if (rg->wake == NULL) {
+        ngx_http_maskserve_link_unwatch(rg->conn);
+        rg->conn = NULL;
         msv_detach(&rg->att);
         ngx_cpystrn(rg->err, (u_char *) "cannot watch the wakeup fd",
-                    sizeof(rg->err));
-        return NGX_ERROR;
-    }
-
-    rg->conn = ngx_http_maskserve_link_watch(rg, rg->att.conn_fd,
-                                      ngx_http_maskserve_link_conn_handler);
-    if (rg->conn == NULL) {
-        ngx_http_maskserve_link_unwatch(rg->wake);
-        rg->wake = NULL;
-        msv_detach(&rg->att);
-        ngx_cpystrn(rg->err, (u_char *) "cannot watch the worker socket",
                     sizeof(rg->err));
         return NGX_ERROR;
     }
@@ -214,6 +307,12 @@ ngx_http_maskserve_link_attach(ngx_http_maskserve_region_t *rg)
 
     /* rows may be waiting already */
     ngx_http_maskserve_link_poll(rg);
+
+    /* the registry hears of it now, not at the next tick */
+    mcf = ngx_http_maskserve_process_conf();
+    if (mcf != NULL) {
+        ngx_http_maskserve_link_registry(mcf);
+    }
 
     return NGX_OK;
 }
@@ -915,6 +1014,22 @@ ngx_http_maskserve_link_retry_handler(ngx_event_t *ev)
         return;
     }
 
+    if (rg->attaching) {
+        /* no welcome in time: take it if it just came, else give up */
+        ngx_http_maskserve_link_hello_handler(rg->conn->read);
+
+        if (rg->attaching) {
+            rg->attaching = 0;
+            ngx_http_maskserve_link_unwatch(rg->conn);
+            rg->conn = NULL;
+            msv_detach(&rg->att);
+            ngx_http_maskserve_link_attach_failed(rg, "no welcome from the "
+                                                  "worker in time");
+            ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
+        }
+        return;
+    }
+
     if (ngx_http_maskserve_link_attach(rg) != NGX_OK) {
         ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
     }
@@ -980,6 +1095,10 @@ ngx_http_maskserve_link_registry(ngx_http_maskserve_main_conf_t *mcf)
 
     for (i = 0; i < mcf->regions.nelts; i++) {
         rg = ngx_http_maskserve_region(mcf, i);
+
+        if (rg->attaching) {
+            continue;               /* the outcome will be written */
+        }
 
         if (!rg->attached) {
             ngx_http_maskserve_redis_worker_update(&rg->name, 0, 0,

@@ -19,6 +19,8 @@
 
 /* the re-attach period, and the heartbeat period */
 #define NGX_HTTP_MASKSERVE_RETRY       500
+/* how long an attach waits for the worker's welcome (without blocking) */
+#define NGX_HTTP_MASKSERVE_WELCOME     10000
 #define NGX_HTTP_MASKSERVE_TICK        200
 
 /* consume passes in a row before other events get their turn */

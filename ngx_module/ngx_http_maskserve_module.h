@@ -76,6 +76,7 @@ struct ngx_http_maskserve_region_s {
     uint64_t                       generation;
     u_char                         err[256]; /* why it is detached */
     unsigned                       attached:1;
+    unsigned                       attaching:1; /* hello sent, no welcome */
     unsigned                       consuming:1;
 };
 
