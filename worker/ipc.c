@@ -81,23 +81,26 @@ msv_ipc_init(struct msv_ipc *x, struct msv_ctrl *c,
 }
 
 
-/* Free the slots of reader entry i and forget their sequences. */
+/* Free the slots of reader entry i (-1: of dead pids, whatever entry)
+ * and forget their sequences. */
 static void
-msv_ipc_reap(struct msv_ipc *x, uint32_t i)
+msv_ipc_reap(struct msv_ipc *x, int i)
 {
     uint32_t  slots[256], n, k, total;
 
     total = 0;
     do {
-        n = msv_slots_reap(x->c, (int) i, slots, 256);
+        n = msv_slots_reap(x->c, i, slots, 256);
         for (k = 0; k < n && k < 256; k++) {
             x->forget(x->forget_ud, slots[k]);
         }
         total += n;
     } while (n == 256);
 
-    if (total) {
-        msv_info("reader %u: freed %u slots", i, total);
+    if (total && i >= 0) {
+        msv_info("reader %d: freed %u slots", i, total);
+    } else if (total) {
+        msv_info("freed %u slots of processes that are gone", total);
     }
 }
 
@@ -134,7 +137,7 @@ msv_ipc_evict(struct msv_ipc *x, uint32_t i, const char *why)
     x->pid[i] = 0;
     msv_reader_evict(x->c, i);
 
-    msv_ipc_reap(x, i);
+    msv_ipc_reap(x, (int) i);
 }
 
 
@@ -188,7 +191,7 @@ msv_ipc_accept(struct msv_ipc *x)
                 close(x->prod->wake_fd[h.reader]);
                 x->prod->wake_fd[h.reader] = -1;
             }
-            msv_ipc_reap(x, h.reader);
+            msv_ipc_reap(x, (int) h.reader);
         }
 
         w.tail = tail;
@@ -217,7 +220,7 @@ msv_ipc_accept(struct msv_ipc *x)
 static void
 msv_ipc_sweep(struct msv_ipc *x)
 {
-    uint32_t           i, n, k, slots[256];
+    uint32_t           i;
     uint64_t           w, now = msv_now_ns();
     struct msv_reader *r;
 
@@ -236,10 +239,7 @@ msv_ipc_sweep(struct msv_ipc *x)
         }
     }
 
-    n = msv_slots_reap(x->c, -1, slots, 256);
-    for (k = 0; k < n && k < 256; k++) {
-        x->forget(x->forget_ud, slots[k]);
-    }
+    msv_ipc_reap(x, -1);
 }
 
 
