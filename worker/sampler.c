@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "philox.h"
+#include "sample_contract.h"
 #include "sampler.h"
 
 
@@ -36,14 +36,8 @@
 #define MSV_BEST_SLACK   4096       /* top-k buffer beyond k (or V/8) */
 #define MSV_MASS_BINS    185        /* top-p bins, 1/8 nat, d in [-23, 0] */
 #define MSV_MASS_SCALE   8.0
-#define MSV_Q_CUT        (-23.0)    /* d below this: top-p weight is 0 */
-#define MSV_Q_SCALE      0x1p32     /* top-p weight resolution */
-#define MSV_R_CUT        (-43.7)    /* d below this: lse term is 0 */
-#define MSV_R_SCALE      0x1p62     /* lse fixed-point resolution */
 #define MSV_SMALL_SORT   32         /* insertion sort up to this size */
 #define MSV_MAX_MASKED   (MSV_MAX_EOS + MSV_MAX_STOP)
-
-typedef unsigned __int128  msv_u128;
 
 struct msv_sampler {
     uint32_t         vocab;
@@ -117,107 +111,6 @@ static void msv_sort(uint64_t *a, uint32_t n, uint64_t *tmp);
 
 /* ------------------------------------------------------------------ */
 /* Small helpers                                                        */
-
-/* NaN (and -inf) to -inf, +inf to the largest float. */
-static inline float
-msv_clean(float x)
-{
-    if (!(x > -INFINITY)) {
-        return -INFINITY;
-    }
-    return x > FLT_MAX ? FLT_MAX : x;
-}
-
-/* A finite operation that overflowed saturates at +-FLT_MAX. */
-static inline float
-msv_sat(float x)
-{
-    if (x > FLT_MAX) {
-        return FLT_MAX;
-    }
-    return x < -FLT_MAX ? -FLT_MAX : x;
-}
-
-/* Order-preserving unsigned image of a float; -0 is taken as +0. */
-static inline uint32_t
-msv_fkey(float x)
-{
-    uint32_t  u;
-
-    memcpy(&u, &x, sizeof(u));
-    if (u == 0x80000000u) {
-        u = 0;
-    }
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-static inline uint64_t
-msv_rank_key(float x, uint32_t id)
-{
-    return ((uint64_t) (uint32_t) ~msv_fkey(x) << 32) | id;
-}
-
-/* Top-p weight of a token d = z' - max below the top:
- * floor(e^d 2^32 + 1/2), the sum exact (e^d 2^32 < 2^33: no rounding). */
-static inline uint64_t
-msv_weight(double d)
-{
-    if (d < MSV_Q_CUT) {
-        return 0;
-    }
-    return (uint64_t) (exp(d) * MSV_Q_SCALE + 0.5);
-}
-
-/* Fixed-point term of the logsumexp: floor(e^d 2^62). */
-static inline uint64_t
-msv_lse_term(double d)
-{
-    if (d < MSV_R_CUT) {
-        return 0;
-    }
-    return (uint64_t) (exp(d) * MSV_R_SCALE);
-}
-
-/* The Gumbel value of 32 random bits x: -log(-log((x + 0.5) 2^-32)). */
-static inline double
-msv_gumbel(uint32_t x)
-{
-    return -log(-log(((double) x + 0.5) * 0x1p-32));
-}
-
-static inline float
-msv_lp(float x, double lse)
-{
-    return (float) ((double) x - lse);
-}
-
-/* The smallest float f with (double) f - m >= c, for c <= 0: a test of
- * z' - max against a bound is monotone in z', so it is z' >= f.
- * -FLT_MAX for c = -inf (every finite logit passes). */
-static float
-msv_floor(float m, double c)
-{
-    float  f, g;
-
-    if (c == -INFINITY) {
-        return -FLT_MAX;
-    }
-    f = (float) ((double) m + c);
-    if (!(f >= -FLT_MAX)) {
-        f = -FLT_MAX;
-    }
-    /* f = m passes: both walks are a step or two */
-    while ((double) f - m < c) {
-        f = nextafterf(f, INFINITY);
-    }
-    for ( ;; ) {
-        g = nextafterf(f, -INFINITY);
-        if (g < -FLT_MAX || (double) g - m < c) {
-            return f;
-        }
-        f = g;
-    }
-}
 
 /* The first id >= i with z[id] >= lo, or n; eight logits per test where
  * none qualifies. */
@@ -434,7 +327,7 @@ msv_sample(struct msv_sampler *s, float *logits,
     }
 
     lse = msv_lse(s, logits, &S);
-    out->logprob = msv_lp(logits[out->token], lse);
+    out->logprob = msv_lp((double) logits[out->token] - S.m, lse);
 
     if (p->logprobs > 0) {
         out->n_top = msv_top_logprobs(s, logits, &S, (uint32_t) p->logprobs,
@@ -448,7 +341,7 @@ msv_sample(struct msv_sampler *s, float *logits,
         if (p->mask_mode == MSV_MASK_SUPPORT) {
             for (i = 0; i < out->n_support; i++) {
                 k = (uint32_t) s->ids[i];
-                s->lps[i] = msv_lp(logits[k], lse);
+                s->lps[i] = msv_lp((double) logits[k] - S.m, lse);
             }
             out->lps = s->lps;
         }
@@ -584,7 +477,7 @@ msv_sample_valid(struct msv_sampler *s, const struct msv_sample_req *rq)
 static void
 msv_process(struct msv_sampler *s, float *z, const struct msv_sample_req *rq)
 {
-    float                     x, r, f, pr, fc;
+    float                     r, f, pr;
     uint32_t                  i, c, n;
     int32_t                   id;
     const int32_t            *toks;
@@ -593,11 +486,7 @@ msv_process(struct msv_sampler *s, float *z, const struct msv_sample_req *rq)
     /* 1. logit_bias, entries in order */
     for (i = 0; i < p->n_bias; i++) {
         id = rq->bias[i].id;
-        x = msv_clean(z[id]);
-        if (x != -INFINITY) {
-            x = msv_sat(x + rq->bias[i].value);
-        }
-        z[id] = x;
+        z[id] = msv_bias_add(msv_clean(z[id]), rq->bias[i].value);
     }
 
     /* 2a. repetition penalty, once per distinct prompt or output token */
@@ -616,11 +505,7 @@ msv_process(struct msv_sampler *s, float *z, const struct msv_sample_req *rq)
                     continue;
                 }
                 s->mark[id] = s->epoch;
-                x = msv_clean(z[id]);
-                if (x != -INFINITY) {
-                    x = msv_sat(x > 0.0f ? x / r : x * r);
-                }
-                z[id] = x;
+                z[id] = msv_rep_penalty(msv_clean(z[id]), r);
             }
         }
     }
@@ -640,13 +525,7 @@ msv_process(struct msv_sampler *s, float *z, const struct msv_sample_req *rq)
                 continue;
             }
             s->count[id] = 0;
-            x = msv_clean(z[id]);
-            if (x != -INFINITY) {
-                fc = f * (float) c;         /* its own statement: no FMA */
-                x = msv_sat(x - fc);
-                x = msv_sat(x - pr);
-            }
-            z[id] = x;
+            z[id] = msv_freq_penalty(msv_clean(z[id]), f, c, pr);
         }
     }
 
@@ -749,8 +628,8 @@ msv_dense(struct msv_sampler *s, float *z, struct msv_pass *ps)
 
     for (i = n; i < s->vocab; i++) {
         x = msv_clean(z[i]);
-        if (x != -INFINITY && temp != 1.0f) {
-            x = msv_sat(x / temp);
+        if (temp != 1.0f) {
+            x = msv_temp_div(x, temp);
         }
         z[i] = x;
         if (x != -INFINITY) {
@@ -1033,29 +912,34 @@ msv_race_dense(const struct msv_sampler *s, const float *z,
 /* ------------------------------------------------------------------ */
 /* Capture                                                              */
 
-/* log sum over S of e^z', as max + log of an exact fixed-point sum, so
- * it does not depend on the order the support is visited in. */
+/* log sum over S of e^(z' - max), the log of an exact fixed-point sum,
+ * so it does not depend on the order the support is visited in. */
 static double
 msv_lse(const struct msv_sampler *s, const float *z, const struct msv_set *S)
 {
     uint32_t   i;
-    msv_u128   sum;
+    uint64_t   hi, lo, t;
 
-    sum = 0;
+    hi = 0;
+    lo = 0;
     if (S->list) {
         for (i = 0; i < S->n; i++) {
-            sum += msv_lse_term((double) z[(uint32_t) s->cand[i]] - S->m);
+            t = msv_lse_term((double) z[(uint32_t) s->cand[i]] - S->m);
+            lo += t;
+            hi += lo < t;
         }
     } else {
         for (i = msv_next(z, 0, s->vocab, S->lo); i < s->vocab;
              i = msv_next(z, i + 1, s->vocab, S->lo))
         {
-            sum += msv_lse_term((double) z[i] - S->m);
+            t = msv_lse_term((double) z[i] - S->m);
+            lo += t;
+            hi += lo < t;
         }
     }
 
     /* the max contributes 2^62, so the log is >= 0 */
-    return S->m + log((double) sum / MSV_R_SCALE);
+    return msv_lse_log(hi, lo);
 }
 
 
@@ -1083,7 +967,7 @@ msv_top_logprobs(struct msv_sampler *s, const float *z, struct msv_set *S,
     for (j = 0; j < n; j++) {
         id = (uint32_t) s->cand[j];
         s->top[j].id = (int32_t) id;
-        s->top[j].lp = msv_lp(z[id], lse);
+        s->top[j].lp = msv_lp((double) z[id] - S->m, lse);
     }
     return n;
 }

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "philox.h"
+#include "sample_contract.h"
 #include "sampler.h"
 
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "tap.h"
-#include "philox.h"
+#include "sample_contract.h"
 #include "sampler.h"
 #include "sampler_ref.h"
 
