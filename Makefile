@@ -25,7 +25,7 @@ ifneq ($(NVCC),)
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVFLAGS    ?= -O2 -g -gencode arch=compute_90,code=sm_90 -Xcompiler -fPIC
 CU_OBJ     := $(CU_SRC:%.cu=$(B)/%.o)
-CPPFLAGS   += -DMSV_HAVE_CUDA=1
+CPPFLAGS   += -DMSV_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
               -lcublas -lcudart -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
 else

@@ -25,6 +25,7 @@
 #include "attention.cuh"
 #include "elementwise.cuh"
 #include "gemm.cuh"
+#include "sampling.h"
 
 #define MSV_LM_CHUNK     512           /* logits rows per lm_head product */
 #define MSV_ALIGN_TOKENS 64            /* scratch grows in these steps */
@@ -79,6 +80,10 @@ struct msv_backend {
     void                     *act;             /* [T][max in] x 4 bytes */
     float                    *tmp;             /* BF16X2 products */
     float                    *logits;          /* [chunk][vocab] */
+
+    /* sampling on the device: logits of every row stay there */
+    struct msv_gsampler      *gs;
+    float                    *dlogits;         /* [max_seqs][vocab] */
 
     /* batch description, pinned host copy and device copy (int32) */
     int32_t                  *meta_h;
@@ -952,10 +957,14 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     int                             f;
 
     if (bt == NULL || bt->n_seqs == 0 || bt->seq == NULL
-        || bt->n_new == NULL || bt->pos0 == NULL || bt->tokens == NULL
-        || logits == NULL)
+        || bt->n_new == NULL || bt->pos0 == NULL || bt->tokens == NULL)
     {
         return msv_cuda_err(err, errlen, "cuda: forward: empty batch");
+    }
+    if (logits == NULL && (b->dlogits == NULL || bt->all_logits)) {
+        return msv_cuda_err(err, errlen, "cuda: forward: logits on the "
+                            "device need sample_init and one row per "
+                            "sequence");
     }
 
     if (++b->stamp == 0) {
@@ -1082,6 +1091,16 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
                                      map.pages + P + r0, b->final_norm, rc,
                                      c->hidden, c->rms_eps, b->stream),
                      err, errlen);
+        if (logits == NULL) {
+            /* the sampler reads them where they are */
+            if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc,
+                               b->dlogits + (size_t) r0 * c->vocab_size, 0,
+                               b->tmp, b->stream, err, errlen) != 0)
+            {
+                return -1;
+            }
+            continue;
+        }
         if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc, b->logits,
                            0, b->tmp, b->stream, err, errlen) != 0)
         {
@@ -1123,6 +1142,8 @@ msv_cuda_destroy(struct msv_backend *b)
         cudaStreamSynchronize(b->stream);
     }
     msv_cuda_free_scratch(b);
+    msv_gsampler_free(b->gs);
+    cudaFree(b->dlogits);
     cudaFreeHost(b->meta_h);
     cudaFree(b->meta_d);
     for (i = 0; i < b->n_allocs; i++) {
@@ -1145,6 +1166,61 @@ msv_cuda_destroy(struct msv_backend *b)
 }
 
 
+/* ------------------------------------------------------------------ */
+/* Sampling on the device (kernels/sampling.cu)                         */
+
+static int
+msv_cuda_sample_init(struct msv_backend *b, uint32_t max_rows,
+    uint32_t max_slots, uint32_t max_logprobs, void *ring,
+    size_t ring_bytes, char *err, size_t errlen)
+{
+    if (max_rows > b->max_seqs) {
+        return msv_cuda_err(err, errlen, "cuda: sampler: %u rows, the "
+                            "backend has %u sequences", max_rows,
+                            b->max_seqs);
+    }
+    b->gs = msv_gsampler_new(b->cfg.vocab_size, max_rows, max_slots,
+                             max_logprobs, b->stream, err, errlen);
+    if (b->gs == NULL) {
+        return -1;
+    }
+    if (cudaMalloc((void **) &b->dlogits, (size_t) b->max_seqs
+                   * b->cfg.vocab_size * sizeof(float)) != cudaSuccess)
+    {
+        msv_gsampler_free(b->gs);
+        b->gs = NULL;
+        b->dlogits = NULL;
+        return msv_cuda_err(err, errlen, "cuda: sampler: no memory for "
+                            "%u rows of logits", b->max_seqs);
+    }
+    if (ring != NULL
+        && msv_cuda_host_register(ring, ring_bytes, err, errlen) != 0)
+    {
+        return -1;
+    }
+    return 0;
+}
+
+
+static int
+msv_cuda_sample(struct msv_backend *b, const struct msv_sample_row *rows,
+    uint32_t n, struct msv_sample_res *res, char *err, size_t errlen)
+{
+    if (b->gs == NULL) {
+        return msv_cuda_err(err, errlen, "cuda: sample before sample_init");
+    }
+    return msv_gsampler_run(b->gs, b->dlogits, rows, n, res, err, errlen);
+}
+
+
+static int
+msv_cuda_sample_copy(struct msv_backend *b, uint32_t first, uint32_t n,
+    void *dst, char *err, size_t errlen)
+{
+    return msv_gsampler_copy(b->gs, first, n, dst, err, errlen);
+}
+
+
 static struct msv_backend_ops
 msv_cuda_make_ops(void)
 {
@@ -1160,6 +1236,9 @@ msv_cuda_make_ops(void)
     o.destroy = msv_cuda_destroy;
     o.host_alloc = msv_cuda_host_alloc;
     o.host_free = msv_cuda_host_free;
+    o.sample_init = msv_cuda_sample_init;
+    o.sample = msv_cuda_sample;
+    o.sample_copy = msv_cuda_sample_copy;
     return o;
 }
 

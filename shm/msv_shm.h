@@ -308,6 +308,9 @@ struct msv_top {
     float     lp;
 };
 
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
 static inline uint32_t
 msv_row_size(uint32_t n_support, uint32_t n_lps, uint32_t n_top)
 {

@@ -36,7 +36,8 @@ my $pid = fork() // die "fork: $!";
 if ($pid == 0) {
     open STDERR, '>', "$dir/worker.log" or die;
     exec "$bin/maskserve-worker", '--dummy', 'tiny', '--shm', $shm,
-        '--backend', $ENV{MSV_BACKEND} // 'cpu', '--max-num-seqs', '64', '--seed', '7',
+        '--backend', $ENV{MSV_BACKEND} // 'cpu', '--sampler', $ENV{MSV_SAMPLER} // 'auto',
+        '--max-num-seqs', '64', '--seed', '7',
         '--threads', '2', '--max-model-len', '512' or die "exec: $!";
 }
 my $st;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "sampler.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,6 +30,22 @@ struct msv_batch {
     int             all_logits; /* 0: logits of each sequence's last new
                                    token, [n_seqs][vocab]; 1: of every new
                                    token, [sum n_new][vocab] */
+};
+
+/* A row to sample on the device (see msv_backend_ops.sample). */
+struct msv_sample_row {
+    uint32_t               row;      /* logits row of the last forward */
+    uint32_t               slot;     /* sequence id: owner of the
+                                        device-side penalty state */
+    uint64_t               cookie;   /* the request; rows carry it */
+    struct msv_sample_req  rq;       /* params, seed, t, histories */
+};
+
+struct msv_sample_res {
+    int32_t   token;      /* -1: no finite logit (the row is an abort) */
+    float     logprob;
+    uint32_t  n_support;
+    uint32_t  bytes;      /* of its packed row */
 };
 
 struct msv_backend;
@@ -65,6 +82,31 @@ struct msv_backend_ops {
      * (pinned for the GPU).  NULL: malloc and free. */
     void *(*host_alloc)(size_t bytes);
     void (*host_free)(void *p);
+
+    /*
+     * Optional: sampling on the device (NULL, or sample_init failing,
+     * means the scheduler samples on the CPU from host logits).
+     *
+     * sample_init: get ready for up to max_rows rows a step, sequences
+     * below max_slots, top logprobs up to max_logprobs; `ring` (bytes) is
+     * host memory the packed rows will be copied into, registered for
+     * DMA.  0, or -1 with err set.
+     *
+     * After forward(..., logits = NULL, ...) the logits stay on the
+     * device; sample() draws the rows (their params already validated),
+     * captures what each asked for and packs each row in the ring's row
+     * format (struct msv_row + payload, finish 0) at its realized size,
+     * rows back to back on the device; res gets each row's token and
+     * size.  sample_copy() copies rows [first, first + n) of the last
+     * sample() to dst (inside `ring`) and returns once they are there.
+     */
+    int (*sample_init)(struct msv_backend *b, uint32_t max_rows,
+        uint32_t max_slots, uint32_t max_logprobs, void *ring,
+        size_t ring_bytes, char *err, size_t errlen);
+    int (*sample)(struct msv_backend *b, const struct msv_sample_row *rows,
+        uint32_t n, struct msv_sample_res *res, char *err, size_t errlen);
+    int (*sample_copy)(struct msv_backend *b, uint32_t first, uint32_t n,
+        void *dst, char *err, size_t errlen);
 };
 
 extern const struct msv_backend_ops msv_backend_cpu;

@@ -163,7 +163,10 @@ const struct msv_backend_ops  msv_backend_cpu = {
     msv_cpu_forward,
     msv_cpu_destroy,
     NULL,                       /* host_alloc: malloc */
-    NULL                        /* host_free */
+    NULL,                       /* host_free */
+    NULL,                       /* sample_init: the CPU sampler */
+    NULL,
+    NULL
 };
 
 

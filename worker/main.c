@@ -32,6 +32,7 @@ struct msv_opts {
     const char  *model_dir;
     const char  *dummy;
     const char  *backend;
+    const char  *sampler;
     const char  *shm;
     uint32_t     max_num_seqs;
     uint32_t     max_model_len;
@@ -82,6 +83,8 @@ msv_usage(FILE *f)
 "  --threads N              CPU backend threads (default: all cores)\n"
 "  --sample-threads N       threads sampling the rows of a step (default:\n"
 "                           one per core, at most 16)\n"
+"  --sampler auto|cpu       where tokens are sampled (default auto: on the\n"
+"                           GPU with the CUDA backend, else on the CPU)\n"
 "  --reader-timeout SEC     evict a reader that stalls the ring (default 10)\n"
 "  --drain-timeout SEC      on SIGTERM, wait for readers (default 2)\n"
 "  --log-level LEVEL        error, warn, info, debug (default info)\n");
@@ -141,6 +144,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "seed",                   required_argument, 0, 'S' },
         { "threads",                required_argument, 0, 't' },
         { "sample-threads",         required_argument, 0, 'T' },
+        { "sampler",                required_argument, 0, 'P' },
         { "reader-timeout",         required_argument, 0, 'R' },
         { "drain-timeout",          required_argument, 0, 'D' },
         { "log-level",              required_argument, 0, 'v' },
@@ -150,6 +154,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
 
     memset(o, 0, sizeof(*o));
     o->backend = "auto";
+    o->sampler = "auto";
     o->shm = "maskserve-0";
     o->max_num_seqs = 64;
     o->max_batched = 2048;
@@ -163,6 +168,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         case 'm': o->model_dir = optarg; break;
         case 'd': o->dummy = optarg; break;
         case 'b': o->backend = optarg; break;
+        case 'P': o->sampler = optarg; break;
         case 's': o->shm = optarg; break;
         case 'n':
             if (msv_parse_u64("--max-num-seqs", optarg, &v, 0) || v < 1
@@ -301,6 +307,10 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
     {
         fprintf(stderr, "maskserve-worker: --backend: must be auto, cpu or "
                 "cuda\n");
+        return -1;
+    }
+    if (strcmp(o->sampler, "auto") && strcmp(o->sampler, "cpu")) {
+        fprintf(stderr, "maskserve-worker: --sampler: must be auto or cpu\n");
         return -1;
     }
 
@@ -491,6 +501,17 @@ main(int argc, char **argv)
         fprintf(stderr, "maskserve-worker: %s\n", sched.err);
         msv_region_unlink(o.shm);
         return 1;
+    }
+    if (strcmp(o.sampler, "auto") == 0
+        && msv_sched_device_sampler(&sched, err, sizeof(err)))
+    {
+        msv_info("sampler: on the device (logits stay there; rows are "
+                 "copied into the ring)");
+    } else {
+        msv_info("sampler: on the CPU, %d threads%s%s",
+                 msv_sample_pool_threads(sched.pool),
+                 strcmp(o.sampler, "auto") == 0 ? "; " : "",
+                 strcmp(o.sampler, "auto") == 0 ? err : "");
     }
     ipc.forget = msv_forget;
     ipc.forget_ud = &sched;

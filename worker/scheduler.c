@@ -135,8 +135,37 @@ msv_sched_free(struct msv_sched *s)
     free(s->b_order);
     free(s->b_tok);
     free(s->items);
+    free(s->srows);
+    free(s->sres);
     msv_sample_pool_free(s->pool);
     memset(s, 0, sizeof(*s));
+}
+
+
+int
+msv_sched_device_sampler(struct msv_sched *s, char *why, size_t len)
+{
+    if (s->ops->sample_init == NULL || s->ops->sample == NULL
+        || s->ops->sample_copy == NULL)
+    {
+        snprintf(why, len, "the %s backend has no device sampler",
+                 s->ops->name);
+        return 0;
+    }
+    s->srows = calloc(s->n_slots, sizeof(*s->srows));
+    s->sres = calloc(s->n_slots, sizeof(*s->sres));
+    if (s->srows == NULL || s->sres == NULL) {
+        snprintf(why, len, "out of memory");
+        return 0;
+    }
+    if (s->ops->sample_init(s->be, s->n_slots, s->n_slots,
+                            s->c->max_logprobs, s->prod->data,
+                            s->prod->cap, why, len) != 0)
+    {
+        return 0;
+    }
+    s->dev_sample = 1;
+    return 1;
 }
 
 
@@ -215,11 +244,11 @@ msv_sched_row(struct msv_sched *s, uint32_t slot, uint64_t cookie,
 }
 
 
-/* End a request: slot state first, then its last row in the record. */
+/* End a request's slot: its sequence, the slot's end fields and state.
+ * 0, or 1 if the owner died and the slot was reaped (nobody to tell). */
 static int
-msv_sched_finish(struct msv_sched *s, uint32_t slot, uint32_t from,
-    uint64_t cookie, int32_t token, uint32_t pos, uint32_t mode,
-    const struct msv_sample_out *o, uint32_t finish, uint32_t why)
+msv_sched_end(struct msv_sched *s, uint32_t slot, uint32_t from,
+    int32_t token, uint32_t pos, uint32_t finish, uint32_t why)
 {
     struct msv_slot  *sl = msv_slot_at(s->c, slot);
     struct msv_seq   *q = &s->seqs[slot];
@@ -238,12 +267,23 @@ msv_sched_finish(struct msv_sched *s, uint32_t slot, uint32_t from,
     if (msv_slot_move(sl, from, finish == MSV_FINISH_ABORT
                                 ? MSV_SLOT_ABORTED : MSV_SLOT_FINISHED) != 0)
     {
-        /* the owner died and the slot was reaped: nobody to tell */
-        return 0;
+        return 1;
     }
 
     atomic_fetch_add_explicit(&s->c->requests_done, 1, memory_order_relaxed);
+    return 0;
+}
 
+
+/* End a request: slot state first, then its last row in the record. */
+static int
+msv_sched_finish(struct msv_sched *s, uint32_t slot, uint32_t from,
+    uint64_t cookie, int32_t token, uint32_t pos, uint32_t mode,
+    const struct msv_sample_out *o, uint32_t finish, uint32_t why)
+{
+    if (msv_sched_end(s, slot, from, token, pos, finish, why) != 0) {
+        return 0;
+    }
     return msv_sched_row(s, slot, cookie, token, pos, mode, o, finish, why);
 }
 
@@ -506,6 +546,100 @@ msv_sched_take(struct msv_sched *s, struct msv_seq *q,
 }
 
 
+/*
+ * Take a token sampled on the device, whose row `w` is already in the
+ * ring's open record (not yet committed): history, finish conditions,
+ * and the row's finish fields.
+ */
+static void
+msv_sched_take_row(struct msv_sched *s, struct msv_seq *q,
+    const struct msv_sample_res *r, struct msv_row *w)
+{
+    uint32_t  finish, pos = q->n_out;
+
+    if (r->token < 0) {
+        msv_err("slot %u: sampler failed (every logit is -inf or NaN), "
+                "aborted", q->slot);
+        (void) msv_sched_end(s, q->slot, MSV_SLOT_RUNNING, -1, pos,
+                             MSV_FINISH_ABORT, MSV_ABORT_INTERNAL);
+        w->finish = MSV_FINISH_ABORT;
+        w->abort_reason = MSV_ABORT_INTERNAL;
+        w->mode = MSV_MASK_OFF;
+        return;
+    }
+
+    q->toks[q->n_prompt + q->n_out++] = r->token;
+
+    if (msv_sched_is_stop(s, q, r->token)) {
+        finish = MSV_FINISH_STOP;
+    } else if (q->n_out >= q->max_out) {
+        finish = MSV_FINISH_LENGTH;
+    } else {
+        finish = MSV_FINISH_NONE;
+    }
+
+    atomic_fetch_add_explicit(&s->c->tokens, 1, memory_order_relaxed);
+
+    if (finish != MSV_FINISH_NONE) {
+        (void) msv_sched_end(s, q->slot, MSV_SLOT_RUNNING, r->token, pos,
+                             finish, MSV_ABORT_NONE);
+        w->finish = (uint8_t) finish;
+        return;
+    }
+
+    msv_slot_at(s->c, q->slot)->n_out = q->n_out;
+    q->phase = MSV_SEQ_DECODE;
+}
+
+
+/*
+ * Sample the step's ns rows (s->srows) on the device, then move the
+ * packed rows into the ring in runs as large as one reservation takes,
+ * each copied by DMA straight into its reserved space; the finish
+ * fields are filled in before the run is committed.
+ */
+static int
+msv_sched_sample_device(struct msv_sched *s, uint32_t ns)
+{
+    uint32_t         i, j, k, bytes;
+    uint8_t         *w, *p;
+
+    if (s->ops->sample(s->be, s->srows, ns, s->sres, s->err,
+                       sizeof(s->err)) != 0)
+    {
+        return -1;
+    }
+
+    for (i = 0; i < ns; i = j) {
+        bytes = s->sres[i].bytes;
+        for (j = i + 1; j < ns && bytes + s->sres[j].bytes
+                                  <= s->c->max_row_bytes; j++)
+        {
+            bytes += s->sres[j].bytes;
+        }
+        w = msv_ring_reserve(s->prod, bytes);
+        if (w == NULL) {
+            snprintf(s->err, sizeof(s->err),
+                     "output ring: could not reserve %u bytes", bytes);
+            return -1;
+        }
+        if (s->ops->sample_copy(s->be, i, j - i, w, s->err,
+                                sizeof(s->err)) != 0)
+        {
+            return -1;
+        }
+        for (k = i, p = w; k < j; k++) {
+            struct msv_row  *row = (struct msv_row *) p;
+
+            msv_sched_take_row(s, &s->seqs[s->b_order[k]], &s->sres[k], row);
+            p += row->bytes;
+        }
+        msv_ring_commit(s->prod, bytes, j - i);
+    }
+    return 0;
+}
+
+
 int
 msv_sched_step(struct msv_sched *s)
 {
@@ -594,8 +728,8 @@ msv_sched_step(struct msv_sched *s)
         b.tokens = s->b_tok;
         b.all_logits = 0;
 
-        if (s->ops->forward(s->be, &b, s->logits, s->err, sizeof(s->err))
-            != 0)
+        if (s->ops->forward(s->be, &b, s->dev_sample ? NULL : s->logits,
+                            s->err, sizeof(s->err)) != 0)
         {
             return -1;
         }
@@ -612,10 +746,24 @@ msv_sched_step(struct msv_sched *s)
             }
             s->b_order[ns] = s->b_seq[i];
             msv_sched_prepare(s, q, s->logits + (size_t) i * s->vocab,
-                              &s->items[ns++]);
+                              &s->items[ns]);
+            if (s->dev_sample) {
+                s->srows[ns].row = i;
+                s->srows[ns].slot = q->slot;
+                s->srows[ns].cookie = q->cookie;
+                s->srows[ns].rq = s->items[ns].rq;
+            }
+            ns++;
         }
 
-        msv_sample_pool_run(s->pool, s->items, ns);
+        if (s->dev_sample) {
+            if (msv_sched_sample_device(s, ns) != 0) {
+                return -1;
+            }
+            ns = 0;                 /* taken already */
+        } else {
+            msv_sample_pool_run(s->pool, s->items, ns);
+        }
 
         for (i = 0; i < ns; i++) {
             if (msv_sched_take(s, &s->seqs[s->b_order[i]], &s->items[i])

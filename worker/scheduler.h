@@ -63,6 +63,11 @@ struct msv_sched {
                                                    the slots to sample */
     struct msv_sample_item         *items;      /* rows to sample */
 
+    /* sampling on the device (msv_sched_device_sampler) */
+    int                             dev_sample;
+    struct msv_sample_row          *srows;      /* [n_slots] */
+    struct msv_sample_res          *sres;
+
     uint64_t                        step;
     uint64_t                        seed_state;
     uint32_t                        n_active;
@@ -75,6 +80,14 @@ int msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     struct msv_producer *prod, uint32_t max_batched, uint64_t seed,
     int sample_threads);
 void msv_sched_free(struct msv_sched *s);
+
+/*
+ * Sample on the backend's device from now on, when it can: logits then
+ * never leave the device and each step's rows are copied straight into
+ * the ring.  1 if it does, 0 if the backend has no device sampler or it
+ * could not start (why says which), and the CPU sampler stays in use.
+ */
+int msv_sched_device_sampler(struct msv_sched *s, char *why, size_t len);
 
 /*
  * One scheduler iteration: admit submitted requests, honour cancels, run

@@ -1,0 +1,216 @@
+/*
+ * gpu_sampler.c: time the GPU sampler (kernels/sampling.cu) on one step's
+ * logits already on the device: sampling + capture + packing (the
+ * kernels, CUDA events) and the copy of the packed rows into registered
+ * host memory (as into the ring), separately, per case and batch size.
+ * The PyTorch way of doing the same work is timed by
+ * bench/gpu_sampler_torch.py in the same run (bench/gpu_sampler.sh).
+ *
+ *   gpu_sampler [-V vocab] [-r repeats]
+ *
+ * Prints one line per case and a table last.
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "sampler.h"
+
+#ifdef MSV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include "../kernels/sampling.h"
+#endif
+
+#ifndef MSV_HAVE_CUDA
+int
+main(void)
+{
+    fprintf(stderr, "gpu_sampler: built without CUDA\n");
+    return 1;
+}
+#else
+
+struct bcase {
+    const char  *name;
+    int32_t      top_k;
+    float        top_p;
+    float        min_p;
+};
+
+static const struct bcase cases[] = {
+    { "top_k 20",              20,   1.0f,  0.0f },
+    { "top_k 1000",            1000, 1.0f,  0.0f },
+    { "top_k 8192",            8192, 1.0f,  0.0f },
+    { "top_k 1024, top_p 0.95", 1024, 0.95f, 0.0f },
+    { "min_p 0.05",            0,    1.0f,  0.05f },
+    { "whole vocabulary",      0,    1.0f,  0.0f },
+};
+
+static uint64_t  rng = 0x2545f4914f6cdd1dULL;
+
+static double
+unif(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return ((double) (rng >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double
+now_ms(void)
+{
+    struct timespec  ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int
+cmp_d(const void *a, const void *b)
+{
+    double  x = *(const double *) a, y = *(const double *) b;
+
+    return x < y ? -1 : x > y;
+}
+
+int
+main(int argc, char **argv)
+{
+    static const uint32_t  batches[] = { 64, 256 };
+    static const char     *modes[] = { "off", "selected", "support" };
+    uint32_t               V = 151936, reps = 20, B, i, bi, ci, mi, r, n;
+    int                    opt;
+    float                 *h, *d;
+    uint8_t               *dst;
+    size_t                 dst_bytes;
+    double                 km[64], cm[64], kmed, cmed, bytes;
+    struct msv_gsampler   *g;
+    struct msv_sample_row *sr;
+    struct msv_sample_res *res;
+    struct msv_params      p;
+    char                   err[256];
+    char                   table[8192];
+    size_t                 tl = 0;
+
+    while ((opt = getopt(argc, argv, "V:r:")) != -1) {
+        if (opt == 'V') {
+            V = (uint32_t) atoi(optarg);
+        } else if (opt == 'r') {
+            reps = (uint32_t) atoi(optarg);
+        } else {
+            fprintf(stderr, "usage: gpu_sampler [-V vocab] [-r repeats]\n");
+            return 2;
+        }
+    }
+    if (reps < 3 || reps > 64) {
+        reps = 20;
+    }
+
+    B = 256;
+    h = malloc((size_t) B * V * sizeof(float));
+    sr = calloc(B, sizeof(*sr));
+    res = calloc(B, sizeof(*res));
+    dst_bytes = (size_t) B * msv_row_size(V, V, 0);
+    dst = malloc(dst_bytes);
+    if (h == NULL || sr == NULL || res == NULL || dst == NULL
+        || cudaMalloc((void **) &d, (size_t) B * V * sizeof(float))
+           != cudaSuccess
+        || msv_cuda_host_register(dst, dst_bytes, err, sizeof(err)) != 0)
+    {
+        fprintf(stderr, "gpu_sampler: out of memory\n");
+        return 1;
+    }
+    /* logits shaped like a model's: most mass on a few hundred ids */
+    for (i = 0; i < B * V; i++) {
+        double  u = unif();
+
+        h[i] = (float) (2.5 * sqrt(-2.0 * log(u))
+                        * cos(6.283185307179586 * unif()));
+    }
+    cudaMemcpy(d, h, (size_t) B * V * sizeof(float), cudaMemcpyHostToDevice);
+
+    g = msv_gsampler_new(V, B, B, 0, NULL, err, sizeof(err));
+    if (g == NULL) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+
+    tl += snprintf(table + tl, sizeof(table) - tl,
+                   "| batch | case | mask | kernels ms | copy ms | bytes |\n"
+                   "|---|---|---|---|---|---|\n");
+
+    for (bi = 0; bi < 2; bi++) {
+        n = batches[bi];
+        for (ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+            for (mi = 0; mi < 3; mi++) {
+                memset(&p, 0, sizeof(p));
+                p.max_tokens = 1 << 20;
+                p.temperature = 1.0f;
+                p.top_k = cases[ci].top_k;
+                p.top_p = cases[ci].top_p;
+                p.min_p = cases[ci].min_p;
+                p.repetition_penalty = 1.0f;
+                p.mask_mode = mi;
+                p.logprobs = -1;
+                for (i = 0; i < n; i++) {
+                    sr[i].row = i;
+                    sr[i].slot = i;
+                    sr[i].cookie = 1 + i;
+                    sr[i].rq.p = &p;
+                    sr[i].rq.seed = 5 + i;
+                }
+                bytes = 0;
+                for (r = 0; r < reps + 2; r++) {
+                    double  t0, t1;
+
+                    for (i = 0; i < n; i++) {
+                        sr[i].rq.t = r;
+                    }
+                    if (msv_gsampler_run(g, d, sr, n, res, err,
+                                         sizeof(err)) != 0)
+                    {
+                        fprintf(stderr, "%s\n", err);
+                        return 1;
+                    }
+                    t0 = now_ms();
+                    if (msv_gsampler_copy(g, 0, n, dst, err,
+                                          sizeof(err)) != 0)
+                    {
+                        fprintf(stderr, "%s\n", err);
+                        return 1;
+                    }
+                    t1 = now_ms();
+                    if (r >= 2) {
+                        km[r - 2] = msv_gsampler_last_ms(g);
+                        cm[r - 2] = t1 - t0;
+                    }
+                    bytes = 0;
+                    for (i = 0; i < n; i++) {
+                        bytes += res[i].bytes;
+                    }
+                }
+                qsort(km, reps, sizeof(double), cmp_d);
+                qsort(cm, reps, sizeof(double), cmp_d);
+                kmed = km[reps / 2];
+                cmed = cm[reps / 2];
+                printf("batch %u, %s, mask %s: kernels %.4f ms, copy %.4f ms "
+                       "(%.0f bytes)\n", n, cases[ci].name, modes[mi], kmed,
+                       cmed, bytes);
+                tl += snprintf(table + tl, sizeof(table) - tl,
+                               "| %u | %s | %s | %.4f | %.4f | %.0f |\n", n,
+                               cases[ci].name, modes[mi], kmed, cmed, bytes);
+            }
+        }
+    }
+    printf("\n%s", table);
+    msv_gsampler_free(g);
+    return 0;
+}
+#endif

@@ -1,0 +1,53 @@
+#!/bin/bash
+# gpu_sampler.sh: on a machine with an NVIDIA GPU, check and time the GPU
+# sampler (kernels/sampling.cu):
+#
+#   1. build (yajl from Debian packages in .debs/ when the system has none:
+#      apt-get download libyajl2 libyajl-dev);
+#   2. t/c/test_gpu_sampler: GPU sampler vs the CPU sampler on the same
+#      logits (random and adversarial rows, every truncation, penalties
+#      over several steps, every mask mode), V = 151,936 and odd sizes;
+#   3. the same under compute-sanitizer (memcheck) when it is there;
+#   4. bench/gpu_sampler: kernels and copy per step, batch 64 and 256,
+#      beside bench/gpu_sampler_torch.py (the PyTorch way) in the same run.
+#
+# Results go to $OUT (or build-gpu/out): gpu_sampler.log and the tables.
+
+set -eu -o pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-build-gpu/out}
+B=${B:-build-gpu}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_sampler.log") 2>&1
+
+if ! printf '#include <yajl/yajl_tree.h>\n' | cc -E -x c - >/dev/null 2>&1
+then
+    deb=/tmp/msv-deb
+    mkdir -p "$deb"
+    for f in .debs/libyajl*.deb; do dpkg -x "$f" "$deb"; done
+    export CPPFLAGS="-I$deb/usr/include"
+    export LDFLAGS="-L$deb/usr/lib/x86_64-linux-gnu"
+    export LD_LIBRARY_PATH="$deb/usr/lib/x86_64-linux-gnu"
+fi
+
+echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+echo "== build"
+make -j"$(nproc)" B="$B" "$B/t/test_gpu_sampler" "$B/bench/gpu_sampler" \
+    > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+
+echo "== GPU sampler vs CPU sampler"
+"$B/t/test_gpu_sampler" | tee "$OUT/test_gpu_sampler.tap" | grep -v '^ok'
+
+if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
+    echo "== compute-sanitizer (memcheck)"
+    MSV_GS_QUICK=1 compute-sanitizer --tool memcheck --leak-check no \
+        "$B/t/test_gpu_sampler" > "$OUT/sanitizer.log" 2>&1 || true
+    grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer.log" | head
+fi
+
+echo "== timing: GPU sampler"
+"$B/bench/gpu_sampler" -r "${REPS:-15}" | tee "$OUT/gpu_sampler.txt" | tail -40
+echo "== timing: PyTorch"
+python3 bench/gpu_sampler_torch.py --repeats "${REPS:-15}" \
+    | tee "$OUT/gpu_sampler_torch.txt" | tail -40

@@ -1,0 +1,1677 @@
+/*
+ * sampling.cu: the sampler contract (docs/SAMPLER.md) on the GPU, with
+ * mask capture packed into the ring's row format.
+ *
+ * One thread-block cluster of MSV_GS_CLUSTER blocks takes one row of
+ * logits.  Each block copies its slice of the row (vocab / cluster ids)
+ * into shared memory once, processes it there (bias, penalties,
+ * min_tokens, temperature) and keeps it there: every later stage is a
+ * pass over shared memory, and the blocks meet only to combine small
+ * partial results through distributed shared memory (cluster.sync and
+ * map_shared_rank).  The logits are read from device memory exactly once.
+ *
+ * The support S is a prefix of the rank order (z' desc, id asc) of the
+ * finite processed logits, so it is carried as two numbers: a float
+ * floor `lo` (min_p) and a rank-key bound (top_k, top_p): S = { i :
+ * z'(i) >= lo, rank_key(z'(i), i) <= bound }.  top_k and top_p bounds are
+ * found by radix selection over the 32-bit order keys of z', 8 bits a
+ * round, on histograms of counts (top_k) or of the exact integer top-p
+ * weights (top_p); ties at the last key are cut by id, as the contract
+ * says.  The race, the fixed-point logsumexp and the compaction of S in
+ * id order are one pass each.
+ *
+ * The second kernel writes each row (struct msv_row, ids ascending,
+ * logprobs, top entries sorted) at its realized size into a staging
+ * buffer, rows back to back; only those bytes go to the host.
+ */
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../shm/msv_shm.h"
+#include "sample_contract.h"
+#include "sampling.h"
+
+namespace cg = cooperative_groups;
+
+#define MSV_GS_CLUSTER   8          /* blocks per row */
+#define MSV_GS_THREADS   512
+#define MSV_GS_WARPS     (MSV_GS_THREADS / 32)
+#define MSV_GS_MAX_CHUNK 49152      /* floats of a row slice in smem */
+#define MSV_GS_NX        24         /* scalar exchanges per kernel */
+#define MSV_GS_NH        8          /* count histograms per kernel */
+#define MSV_GS_MAX_MASK  (MSV_MAX_STOP + MSV_MAX_EOS)
+#define MSV_GS_PACK_THREADS 512
+
+enum {
+    MSV_GS_GREEDY = 1u << 0,
+    MSV_GS_MASKON = 1u << 1,        /* t < min_tokens: mask ids */
+    MSV_GS_REP    = 1u << 2,
+    MSV_GS_FREQ   = 1u << 3,        /* frequency or presence */
+    MSV_GS_TOPK   = 1u << 4,
+    MSV_GS_TOPP   = 1u << 5,
+    MSV_GS_MINP   = 1u << 6,
+    MSV_GS_CAPT   = 1u << 7         /* a mask or logprobs was asked */
+};
+
+/* One row of a step, as the kernels read it. */
+struct msv_gs_row {
+    uint64_t  seed;
+    uint64_t  cookie;
+    uint32_t  lrow;
+    uint32_t  slot;
+    uint32_t  t;
+    uint32_t  flags;
+    float     temp;
+    float     top_p;
+    float     min_p;
+    int32_t   top_k;
+    float     rep;
+    float     pres;
+    float     freq;
+    int32_t   logprobs;
+    uint32_t  mode;
+    uint32_t  _pad[3];
+};
+
+/* What the sampling kernel found for a row. */
+struct msv_gs_res {
+    int32_t   token;
+    float     logprob;
+    uint32_t  n_support;
+    uint32_t  n_top;
+    uint32_t  n_lps;
+    uint32_t  bytes;
+    uint32_t  top_fill;             /* candidates written (atomic) */
+    uint32_t  _pad;
+};
+
+/* Setting up a slot's device state when a request starts (or its
+ * history is not the one the device holds). */
+struct msv_gs_setup {
+    uint32_t  slot;
+    uint32_t  n_bias;
+    uint32_t  n_mask;
+    uint32_t  n_prompt;
+    uint32_t  n_out;
+    uint32_t  penalties;            /* rebuild counts and seen ids */
+    uint64_t  off;                  /* into the upload buffer, 8-aligned:
+                                       bias ids, bias values, mask ids,
+                                       prompt, output (int32 each) */
+};
+
+/* Device-side state of every slot. */
+struct msv_gs_state {
+    int32_t   *bias_id;             /* [slots][MSV_MAX_BIAS], id order */
+    float     *bias_val;
+    uint32_t  *n_bias;              /* [slots] */
+    int32_t   *mask;                /* [slots][MSV_GS_MAX_MASK] */
+    uint32_t  *n_mask;
+    uint32_t  *count;               /* [slots][vocab] output counts */
+    uint32_t  *seen;                /* [slots][words] prompt or output */
+    uint32_t   words;
+};
+
+struct msv_gsampler {
+    uint32_t             vocab;
+    uint32_t             max_rows;
+    uint32_t             max_slots;
+    uint32_t             max_lp;
+    uint32_t             chunk;
+    size_t               smem;
+    cudaStream_t         stream;
+
+    struct msv_gs_state  st;
+
+    /* host mirror of each slot's device state */
+    uint64_t            *h_cookie;
+    uint32_t            *h_t;        /* output tokens the counts hold */
+    uint8_t             *h_valid;
+    uint8_t             *h_pen;
+
+    struct msv_gs_row   *h_rows;     /* pinned */
+    struct msv_gs_row   *d_rows;
+    struct msv_gs_res   *h_res;      /* pinned */
+    struct msv_gs_res   *d_res;
+    struct msv_gs_setup *h_setup;    /* pinned, [max_rows] */
+    struct msv_gs_setup *d_setup;
+    uint8_t             *h_up;       /* pinned upload data */
+    uint8_t             *d_up;
+    size_t               up_cap;
+
+    int32_t             *d_ids;      /* [max_rows][vocab] support ids */
+    float               *d_lps;      /* [max_rows][vocab] their lps */
+    uint64_t            *d_topk;     /* [max_rows][max_lp] rank keys */
+    float               *d_toplp;
+    uint8_t             *d_pack;     /* packed rows */
+    size_t               pack_cap;
+    uint64_t            *h_off;      /* row offsets of the last run */
+
+    cudaEvent_t          ev0, ev1;
+    float                last_ms;
+};
+
+
+/* ------------------------------------------------------------------ */
+/* Block and cluster helpers                                            */
+
+struct msv_gs_smem {
+    uint64_t   x[MSV_GS_NX][4];     /* scalar exchanges, one slot each */
+    uint64_t   g[MSV_GS_CLUSTER][4];/* gathered words of the last one */
+    uint32_t   h[MSV_GS_NH][256];   /* count histograms, one slot each */
+    uint64_t   wh[4][256];          /* top-p weight histograms */
+    uint64_t   H[256];              /* the cluster's sum of the last one */
+    uint64_t   red[MSV_GS_WARPS][3];
+    uint32_t   wsum[MSV_GS_WARPS];
+    uint32_t   flag;
+    float      saved[MSV_GS_MAX_MASK];
+};
+
+/* Publish four words as exchange k, then gather every block's four. */
+__device__ static void
+msv_gs_exchange(cg::cluster_group &cl, msv_gs_smem &S, int k,
+    uint64_t w0, uint64_t w1, uint64_t w2, uint64_t w3)
+{
+    if (threadIdx.x == 0) {
+        S.x[k][0] = w0;
+        S.x[k][1] = w1;
+        S.x[k][2] = w2;
+        S.x[k][3] = w3;
+    }
+    /* the cluster barrier orders the writes above before the remote
+     * reads below, in every block */
+    cl.sync();
+    if (threadIdx.x < MSV_GS_CLUSTER * 4) {
+        uint32_t   r = threadIdx.x / 4, j = threadIdx.x % 4;
+        uint64_t  *p = cl.map_shared_rank(&S.x[k][0], r);
+
+        S.g[r][j] = p[j];
+    }
+    __syncthreads();
+}
+
+/* The cluster's sum of count histogram k into S.H. */
+__device__ static void
+msv_gs_hist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k)
+{
+    cl.sync();
+    if (threadIdx.x < 256) {
+        uint64_t  s = 0;
+
+        for (uint32_t r = 0; r < MSV_GS_CLUSTER; r++) {
+            s += *cl.map_shared_rank(&S.h[k][threadIdx.x], r);
+        }
+        S.H[threadIdx.x] = s;
+    }
+    __syncthreads();
+}
+
+__device__ static void
+msv_gs_whist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k)
+{
+    cl.sync();
+    if (threadIdx.x < 256) {
+        uint64_t  s = 0;
+
+        for (uint32_t r = 0; r < MSV_GS_CLUSTER; r++) {
+            s += *cl.map_shared_rank(&S.wh[k][threadIdx.x], r);
+        }
+        S.H[threadIdx.x] = s;
+    }
+    __syncthreads();
+}
+
+__device__ static uint64_t
+msv_gs_sum64(msv_gs_smem &S, uint64_t v)
+{
+    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_down_sync(0xffffffffu, v, o);
+    }
+    if (lane == 0) {
+        S.red[w][0] = v;
+    }
+    __syncthreads();
+    v = 0;
+    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+        v += S.red[k][0];
+    }
+    __syncthreads();
+    return v;
+}
+
+/* 128-bit sum (hi, lo) over the block. */
+__device__ static void
+msv_gs_sum128(msv_gs_smem &S, uint64_t *hi, uint64_t *lo)
+{
+    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint64_t  h = *hi, l = *lo, oh, ol;
+
+    for (int o = 16; o > 0; o >>= 1) {
+        oh = __shfl_down_sync(0xffffffffu, h, o);
+        ol = __shfl_down_sync(0xffffffffu, l, o);
+        l += ol;
+        h += oh + (l < ol);
+    }
+    if (lane == 0) {
+        S.red[w][0] = h;
+        S.red[w][1] = l;
+    }
+    __syncthreads();
+    h = 0;
+    l = 0;
+    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+        ol = S.red[k][1];
+        l += ol;
+        h += S.red[k][0] + (l < ol);
+    }
+    __syncthreads();
+    *hi = h;
+    *lo = l;
+}
+
+/* Does (bv, bi) beat (av, ai)?  Larger value, then lower id. */
+__device__ static inline bool
+msv_gs_better(float av, uint32_t ai, float bv, uint32_t bi)
+{
+    return bv > av || (bv == av && bi < ai);
+}
+
+__device__ static inline bool
+msv_gs_better_d(double av, uint32_t ai, double bv, uint32_t bi)
+{
+    return bv > av || (bv == av && bi < ai);
+}
+
+/* Best (value, id) and the sum of cnt over the block. */
+__device__ static void
+msv_gs_best(msv_gs_smem &S, float *v, uint32_t *id, uint32_t *cnt)
+{
+    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5, oi, oc;
+    float     ov;
+    float     bv = *v;
+    uint32_t  bi = *id, c = *cnt;
+
+    for (int o = 16; o > 0; o >>= 1) {
+        ov = __shfl_down_sync(0xffffffffu, bv, o);
+        oi = __shfl_down_sync(0xffffffffu, bi, o);
+        oc = __shfl_down_sync(0xffffffffu, c, o);
+        if (msv_gs_better(bv, bi, ov, oi)) {
+            bv = ov;
+            bi = oi;
+        }
+        c += oc;
+    }
+    if (lane == 0) {
+        S.red[w][0] = __float_as_uint(bv);
+        S.red[w][1] = bi;
+        S.red[w][2] = c;
+    }
+    __syncthreads();
+    bv = -INFINITY;
+    bi = UINT32_MAX;
+    c = 0;
+    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+        ov = __uint_as_float((uint32_t) S.red[k][0]);
+        oi = (uint32_t) S.red[k][1];
+        if (msv_gs_better(bv, bi, ov, oi)) {
+            bv = ov;
+            bi = oi;
+        }
+        c += (uint32_t) S.red[k][2];
+    }
+    __syncthreads();
+    *v = bv;
+    *id = bi;
+    *cnt = c;
+}
+
+/* Best race key over the block, with the winner's logit. */
+__device__ static void
+msv_gs_best_key(msv_gs_smem &S, double *key, uint32_t *id, float *z)
+{
+    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5, oi;
+    double    ok, bk = *key;
+    float     oz, bz = *z;
+    uint32_t  bi = *id;
+
+    for (int o = 16; o > 0; o >>= 1) {
+        ok = __shfl_down_sync(0xffffffffu, bk, o);
+        oi = __shfl_down_sync(0xffffffffu, bi, o);
+        oz = __shfl_down_sync(0xffffffffu, bz, o);
+        if (msv_gs_better_d(bk, bi, ok, oi)) {
+            bk = ok;
+            bi = oi;
+            bz = oz;
+        }
+    }
+    if (lane == 0) {
+        S.red[w][0] = (uint64_t) __double_as_longlong(bk);
+        S.red[w][1] = bi;
+        S.red[w][2] = __float_as_uint(bz);
+    }
+    __syncthreads();
+    bk = -INFINITY;
+    bi = UINT32_MAX;
+    bz = -INFINITY;
+    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+        ok = __longlong_as_double((long long) S.red[k][0]);
+        oi = (uint32_t) S.red[k][1];
+        if (msv_gs_better_d(bk, bi, ok, oi)) {
+            bk = ok;
+            bi = oi;
+            bz = __uint_as_float((uint32_t) S.red[k][2]);
+        }
+    }
+    __syncthreads();
+    *key = bk;
+    *id = bi;
+    *z = bz;
+}
+
+/* Exclusive prefix of `pred` over the block's threads in order, and the
+ * block's total. */
+__device__ static uint32_t
+msv_gs_scan(msv_gs_smem &S, bool pred, uint32_t *total)
+{
+    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint32_t  m = __ballot_sync(0xffffffffu, pred);
+    uint32_t  base = 0, tot = 0, c;
+
+    if (lane == 0) {
+        S.wsum[w] = __popc(m);
+    }
+    __syncthreads();
+    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+        c = S.wsum[k];
+        base += k < w ? c : 0;
+        tot += c;
+    }
+    __syncthreads();
+    *total = tot;
+    return base + __popc(m & ((1u << lane) - 1));
+}
+
+/* The support predicate on one logit. */
+__device__ static inline bool
+msv_gs_in(float x, uint32_t id, float lo, uint64_t bound)
+{
+    return x >= lo && msv_rank_key(x, id) <= bound;
+}
+
+/*
+ * Digit search over a 256-bin histogram in S.H (bins are the next 8 key
+ * bits; a higher bin ranks first).  Count mode: the bin where the
+ * cumulative count from the top reaches `need`; *need becomes the count
+ * still to take inside it.  Weight mode: the first bin whose cumulative
+ * weight (plus *above) as a double reaches tau; *above becomes the
+ * weight of the bins before it.  Done by warp 0; the result is in S.flag
+ * for every thread.
+ */
+__device__ static uint32_t
+msv_gs_digit(msv_gs_smem &S, int weight, uint64_t *need, uint64_t *above,
+    double tau)
+{
+    if (threadIdx.x < 32) {
+        uint32_t  lane = threadIdx.x, d, j, hit;
+        uint64_t  own = 0, pre, v, base;
+
+        /* lane l holds bins 255 - 8l ... 248 - 8l, best first */
+        for (j = 0; j < 8; j++) {
+            own += S.H[255 - 8 * lane - j];
+        }
+        pre = own;
+        for (int o = 1; o < 32; o <<= 1) {
+            v = __shfl_up_sync(0xffffffffu, pre, o);
+            if (lane >= (uint32_t) o) {
+                pre += v;
+            }
+        }
+        base = weight ? *above : 0;
+        /* inclusive prefix `pre`: the first lane reaching the target */
+        if (weight) {
+            hit = __ballot_sync(0xffffffffu,
+                                (double) (base + pre) >= tau);
+        } else {
+            hit = __ballot_sync(0xffffffffu, pre >= *need);
+        }
+        if (hit == 0) {
+            hit = 1u << 31;             /* cannot happen: the last bin */
+        }
+        j = __ffs(hit) - 1;
+        if (lane == j) {
+            uint64_t  c = pre - own;    /* before this lane's bins */
+
+            for (d = 0; d < 8; d++) {
+                v = S.H[255 - 8 * lane - d];
+                if (weight ? (double) (base + c + v) >= tau
+                           : c + v >= *need)
+                {
+                    break;
+                }
+                c += v;
+            }
+            if (d == 8) {
+                d = 7;
+            }
+            S.x[MSV_GS_NX - 1][0] = 255 - 8 * lane - d;
+            S.x[MSV_GS_NX - 1][1] = c;
+        }
+    }
+    __syncthreads();
+    {
+        uint32_t  digit = (uint32_t) S.x[MSV_GS_NX - 1][0];
+        uint64_t  c = S.x[MSV_GS_NX - 1][1];
+
+        __syncthreads();
+        if (weight) {
+            *above += c;
+        } else {
+            *need -= c;
+        }
+        return digit;
+    }
+}
+
+/*
+ * Among the ids of this block's slice with key `key` (and in the current
+ * set: z >= lo, rank key <= bound), in id order, the cluster-wide
+ * need-th (1-based) overall; every block gets it.  Uses exchanges xk and
+ * xk + 1.
+ */
+__device__ static uint32_t
+msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
+    uint32_t n, uint32_t c0, uint32_t key, float lo, uint64_t bound,
+    uint64_t need)
+{
+    uint32_t  br = cl.block_rank(), r, i, tot, pre, mine;
+    uint64_t  cnt = 0, before = 0, owner = MSV_GS_CLUSTER;
+
+    for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+        float  x = z[i];
+
+        cnt += msv_gs_in(x, c0 + i, lo, bound) && msv_fkey(x) == key;
+    }
+    cnt = msv_gs_sum64(S, cnt);
+    msv_gs_exchange(cl, S, xk, cnt, 0, 0, 0);
+    for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        if (owner == MSV_GS_CLUSTER && before + S.g[r][0] >= need) {
+            owner = r;
+            break;
+        }
+        before += S.g[r][0];
+    }
+
+    mine = UINT32_MAX;
+    if (owner == br) {
+        uint64_t  left = need - before;     /* 1-based within the slice */
+
+        for (uint32_t t0 = 0; t0 < n; t0 += MSV_GS_THREADS) {
+            i = t0 + threadIdx.x;
+            bool  p = i < n && msv_gs_in(z[i], c0 + i, lo, bound)
+                      && msv_fkey(z[i]) == key;
+
+            pre = msv_gs_scan(S, p, &tot);
+            if (left <= tot) {
+                if (p && pre + 1 == left) {
+                    S.flag = c0 + i;
+                }
+                __syncthreads();
+                mine = S.flag;
+                __syncthreads();
+                break;
+            }
+            left -= tot;
+        }
+    }
+    msv_gs_exchange(cl, S, xk + 1, mine, 0, 0, 0);
+    mine = UINT32_MAX;
+    for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        mine = (uint32_t) S.g[r][0] < mine ? (uint32_t) S.g[r][0] : mine;
+    }
+    return mine;
+}
+
+/*
+ * Count mode selection: the rank-key bound of the k-th best (1-based)
+ * element of the current set.  Uses histograms hk .. hk + 3 and
+ * exchanges xk, xk + 1.
+ */
+__device__ static uint64_t
+msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
+    const float *z, uint32_t n, uint32_t c0, float lo, uint64_t bound,
+    uint64_t k)
+{
+    uint32_t  prefix = 0, mask = 0, shift, digit, i, id;
+    uint64_t  need = k, dummy = 0;
+
+    for (int r = 0; r < 4; r++) {
+        shift = 24 - 8 * r;
+        for (i = threadIdx.x; i < 256; i += MSV_GS_THREADS) {
+            S.h[hk + r][i] = 0;
+        }
+        __syncthreads();
+        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            float     x = z[i];
+            uint32_t  u = msv_fkey(x);
+
+            if (msv_gs_in(x, c0 + i, lo, bound) && (u & mask) == prefix) {
+                atomicAdd(&S.h[hk + r][(u >> shift) & 255], 1u);
+            }
+        }
+        msv_gs_hist_sum(cl, S, hk + r);
+        digit = msv_gs_digit(S, 0, &need, &dummy, 0.0);
+        prefix |= digit << shift;
+        mask |= 255u << shift;
+    }
+
+    id = msv_gs_cut(cl, S, xk, z, n, c0, prefix, lo, bound, need);
+    return ((uint64_t) (uint32_t) ~prefix << 32) | id;
+}
+
+
+/* ------------------------------------------------------------------ */
+/* The sampling kernel: one cluster per row                             */
+
+__global__ void __cluster_dims__(MSV_GS_CLUSTER, 1, 1)
+__launch_bounds__(MSV_GS_THREADS)
+msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
+    const struct msv_gs_row *rows, struct msv_gs_state st,
+    int32_t *out_ids, float *out_lps, uint64_t *top_key, float *top_lp,
+    uint32_t max_lp, struct msv_gs_res *res)
+{
+    cg::cluster_group            cl = cg::this_cluster();
+    extern __shared__ float      z[];
+    __shared__ msv_gs_smem       S;
+
+    const uint32_t  br = cl.block_rank();
+    const uint32_t  ri = blockIdx.x / MSV_GS_CLUSTER;
+    const struct msv_gs_row  R = rows[ri];
+    const uint32_t  c0 = br * chunk;
+    const uint32_t  n = c0 < V ? (V - c0 < chunk ? V - c0 : chunk) : 0;
+    const uint32_t  fl = R.flags;
+    const float    *src = logits + (size_t) R.lrow * V + c0;
+
+    uint32_t  i, id, cnt, amax, n_fin, r;
+    float     x, m, lo;
+    uint64_t  bound = UINT64_MAX;
+    int       xk = 0;
+
+    /* 0. load and sanitize */
+    for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+        z[i] = msv_clean(src[i]);
+    }
+    __syncthreads();
+
+    /* 1. logit_bias: entries sorted by id (stably), so one thread runs
+     * each id's entries in request order */
+    {
+        uint32_t        nb = st.n_bias[R.slot];
+        const int32_t  *bid = st.bias_id + (size_t) R.slot * MSV_MAX_BIAS;
+        const float    *bv = st.bias_val + (size_t) R.slot * MSV_MAX_BIAS;
+
+        for (i = threadIdx.x; i < nb; i += MSV_GS_THREADS) {
+            id = (uint32_t) bid[i];
+            if ((i > 0 && bid[i - 1] == bid[i]) || id < c0 || id >= c0 + n) {
+                continue;
+            }
+            x = z[id - c0];
+            for (uint32_t j = i; j < nb && bid[j] == bid[i]; j++) {
+                x = msv_bias_add(x, bv[j]);
+            }
+            z[id - c0] = x;
+        }
+    }
+    __syncthreads();
+
+    /* 2. penalties, from the slot's counts and seen set */
+    if (fl & (MSV_GS_REP | MSV_GS_FREQ)) {
+        const uint32_t  *cn = st.count + (size_t) R.slot * V;
+        const uint32_t  *sn = st.seen + (size_t) R.slot * st.words;
+
+        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            id = c0 + i;
+            x = z[i];
+            if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
+                x = msv_rep_penalty(x, R.rep);
+            }
+            if (fl & MSV_GS_FREQ) {
+                uint32_t  c = cn[id];
+
+                if (c > 0) {
+                    x = msv_freq_penalty(x, R.freq, c, R.pres);
+                }
+            }
+            z[i] = x;
+        }
+        __syncthreads();
+    }
+
+    /* 3. min_tokens: mask the stop and eos ids (distinct), keeping what
+     * they were in case nothing else is finite */
+    uint32_t        nm = (fl & MSV_GS_MASKON) ? st.n_mask[R.slot] : 0;
+    const int32_t  *mk = st.mask + (size_t) R.slot * MSV_GS_MAX_MASK;
+
+    if (nm > 0) {
+        if (threadIdx.x < nm) {
+            id = (uint32_t) mk[threadIdx.x];
+            if (id >= c0 && id < c0 + n) {
+                S.saved[threadIdx.x] = z[id - c0];
+                z[id - c0] = -INFINITY;
+            }
+        }
+        __syncthreads();
+    }
+
+    /* 4. temperature, max, lowest id of the max, finite count */
+    const float  temp = (fl & MSV_GS_GREEDY) ? 1.0f : R.temp;
+
+    for (int pass = 0; pass < 2; pass++) {
+        m = -INFINITY;
+        amax = UINT32_MAX;
+        cnt = 0;
+        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            x = z[i];
+            if (pass == 0 && temp != 1.0f) {
+                x = msv_temp_div(x, temp);
+                z[i] = x;
+            }
+            if (x != -INFINITY) {
+                cnt++;
+                if (x > m) {            /* ids rise along the loop */
+                    m = x;
+                    amax = c0 + i;
+                }
+            }
+        }
+        msv_gs_best(S, &m, &amax, &cnt);
+        msv_gs_exchange(cl, S, xk++, __float_as_uint(m), amax, cnt, 0);
+        m = -INFINITY;
+        amax = UINT32_MAX;
+        n_fin = 0;
+        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+            x = __uint_as_float((uint32_t) S.g[r][0]);
+            if (msv_gs_better(m, amax, x, (uint32_t) S.g[r][1])) {
+                m = x;
+                amax = (uint32_t) S.g[r][1];
+            }
+            n_fin += (uint32_t) S.g[r][2];
+        }
+        if (n_fin > 0 || nm == 0 || pass == 1) {
+            break;
+        }
+        /* the mask took every finite logit: it does not apply */
+        if (threadIdx.x < nm) {
+            id = (uint32_t) mk[threadIdx.x];
+            if (id >= c0 && id < c0 + n) {
+                x = S.saved[threadIdx.x];
+                z[id - c0] = temp != 1.0f ? msv_temp_div(x, temp) : x;
+            }
+        }
+        __syncthreads();
+    }
+
+    if (n_fin == 0) {
+        if (br == 0 && threadIdx.x == 0) {
+            res[ri].token = -1;
+            res[ri].logprob = 0.0f;
+            res[ri].n_support = 0;
+            res[ri].n_top = 0;
+            res[ri].n_lps = 0;
+            res[ri].bytes = msv_row_size(0, 0, 0);
+        }
+        cl.sync();
+        return;
+    }
+
+    /* greedy: the first id in rank order */
+    if (fl & MSV_GS_GREEDY) {
+        if (br == 0 && threadIdx.x == 0) {
+            uint32_t  ns = R.mode != MSV_MASK_OFF ? 1 : 0;
+            uint32_t  nl = R.mode == MSV_MASK_OFF ? 0 : 1;
+            uint32_t  nt = R.logprobs > 0 ? 1 : 0;
+
+            res[ri].token = (int32_t) amax;
+            res[ri].logprob = 0.0f;
+            res[ri].n_support = ns;
+            res[ri].n_lps = nl;
+            res[ri].n_top = nt;
+            res[ri].bytes = msv_row_size(ns, nl, nt);
+            out_ids[(size_t) ri * V] = (int32_t) amax;
+            out_lps[(size_t) ri * V] = 0.0f;
+            top_key[(size_t) ri * max_lp] = msv_rank_key(m, amax);
+            top_lp[(size_t) ri * max_lp] = 0.0f;
+        }
+        goto update;
+    }
+
+    /* 5. min_p: a float floor */
+    lo = msv_floor(m, (fl & MSV_GS_MINP) ? log((double) R.min_p)
+                                         : -INFINITY);
+
+    /* 6. top_k: the k-th of the survivors, if there are more than k */
+    if (fl & MSV_GS_TOPK) {
+        uint64_t  n1 = n_fin;
+
+        if (fl & MSV_GS_MINP) {
+            uint64_t  c = 0;
+
+            for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+                c += z[i] >= lo;
+            }
+            c = msv_gs_sum64(S, c);
+            msv_gs_exchange(cl, S, xk++, c, 0, 0, 0);
+            n1 = 0;
+            for (r = 0; r < MSV_GS_CLUSTER; r++) {
+                n1 += S.g[r][0];
+            }
+        }
+        if ((uint64_t) R.top_k < n1) {
+            bound = msv_gs_select_k(cl, S, 0, xk, z, n, c0, lo, bound,
+                                    (uint64_t) R.top_k);
+            xk += 2;
+        }
+    }
+
+    /* 7. top_p: integer weights, the first prefix reaching tau */
+    if (fl & MSV_GS_TOPP) {
+        uint64_t  w = 0, above = 0, dummy = 0, q;
+        uint32_t  prefix = 0, mask = 0, shift, digit;
+        double    tau, d;
+        const double  md = (double) m;
+
+        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            x = z[i];
+            if (msv_gs_in(x, c0 + i, lo, bound)) {
+                w += msv_weight((double) x - md);
+            }
+        }
+        w = msv_gs_sum64(S, w);
+        msv_gs_exchange(cl, S, xk++, w, 0, 0, 0);
+        w = 0;
+        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+            w += S.g[r][0];
+        }
+        tau = (double) R.top_p * (double) w;
+
+        for (int rd = 0; rd < 4; rd++) {
+            shift = 24 - 8 * rd;
+            for (i = threadIdx.x; i < 256; i += MSV_GS_THREADS) {
+                S.wh[rd][i] = 0;
+            }
+            __syncthreads();
+            for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+                x = z[i];
+                uint32_t  u = msv_fkey(x);
+
+                if (msv_gs_in(x, c0 + i, lo, bound) && (u & mask) == prefix) {
+                    d = (double) x - md;
+                    q = msv_weight(d);
+                    if (q > 0) {
+                        atomicAdd((unsigned long long *)
+                                  &S.wh[rd][(u >> shift) & 255],
+                                  (unsigned long long) q);
+                    }
+                }
+            }
+            msv_gs_whist_sum(cl, S, rd);
+            digit = msv_gs_digit(S, 1, &dummy, &above, tau);
+            prefix |= digit << shift;
+            mask |= 255u << shift;
+        }
+
+        /* every id with this key weighs the same: take the fewest, in id
+         * order, that reach tau */
+        {
+            uint64_t  qv = msv_weight((double) msv_fkey_value(prefix) - md);
+            uint64_t  j;
+
+            j = qv > 0 ? (uint64_t) ((tau - (double) above) / (double) qv)
+                       : 1;
+            if (j < 1) {
+                j = 1;
+            }
+            while (j > 1 && (double) (above + (j - 1) * qv) >= tau) {
+                j--;
+            }
+            while ((double) (above + j * qv) < tau) {
+                j++;
+            }
+            id = msv_gs_cut(cl, S, xk, z, n, c0, prefix, lo, bound, j);
+            xk += 2;
+            q = ((uint64_t) (uint32_t) ~prefix << 32) | id;
+            bound = q < bound ? q : bound;
+        }
+    }
+
+    /* 8. the race: argmax over S of z' + Gumbel, from the max's key */
+    {
+        double    best, key;
+        uint32_t  tok = amax;
+        float     zt = m;
+
+        best = (double) m + msv_gumbel(msv_philox_bits(R.seed, R.t, amax));
+        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            x = z[i];
+            id = c0 + i;
+            if (id == amax || (double) x + MSV_GUMBEL_MAX < best
+                || !msv_gs_in(x, id, lo, bound))
+            {
+                continue;
+            }
+            key = (double) x + msv_gumbel(msv_philox_bits(R.seed, R.t, id));
+            if (msv_gs_better_d(best, tok, key, id)) {
+                best = key;
+                tok = id;
+                zt = x;
+            }
+        }
+        msv_gs_best_key(S, &best, &tok, &zt);
+        msv_gs_exchange(cl, S, xk++, (uint64_t) __double_as_longlong(best),
+                        tok, __float_as_uint(zt), 0);
+        best = -INFINITY;
+        tok = UINT32_MAX;
+        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+            key = __longlong_as_double((long long) S.g[r][0]);
+            if (msv_gs_better_d(best, tok, key, (uint32_t) S.g[r][1])) {
+                best = key;
+                tok = (uint32_t) S.g[r][1];
+                zt = __uint_as_float((uint32_t) S.g[r][2]);
+            }
+        }
+        amax = tok;                     /* from here on: the token */
+        x = zt;
+    }
+
+    if (!(fl & MSV_GS_CAPT)) {
+        if (br == 0 && threadIdx.x == 0) {
+            res[ri].token = (int32_t) amax;
+            res[ri].logprob = 0.0f;
+            res[ri].n_support = 0;
+            res[ri].n_lps = 0;
+            res[ri].n_top = 0;
+            res[ri].bytes = msv_row_size(0, 0, 0);
+        }
+        goto update;
+    }
+
+    /* 9. capture: the exact logsumexp, S in id order, top logprobs */
+    {
+        const double  md = (double) m;
+        const float   tokz = x;
+        uint64_t      hi = 0, lo64 = 0, t, ns = 0, base = 0, nS = 0;
+        uint32_t      tot, pre;
+        double        L;
+
+        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            x = z[i];
+            if (msv_gs_in(x, c0 + i, lo, bound)) {
+                t = msv_lse_term((double) x - md);
+                lo64 += t;
+                hi += lo64 < t;
+                ns++;
+            }
+        }
+        msv_gs_sum128(S, &hi, &lo64);
+        ns = msv_gs_sum64(S, ns);
+        msv_gs_exchange(cl, S, xk++, hi, lo64, ns, 0);
+        hi = 0;
+        lo64 = 0;
+        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+            lo64 += S.g[r][1];
+            hi += S.g[r][0] + (lo64 < S.g[r][1]);
+            base += r < br ? S.g[r][2] : 0;
+            nS += S.g[r][2];
+        }
+        L = msv_lse_log(hi, lo64);
+
+        if (R.mode != MSV_MASK_OFF) {
+            int32_t  *oi = out_ids + (size_t) ri * V + base;
+            float    *ol = out_lps + (size_t) ri * V + base;
+
+            for (uint32_t t0 = 0; t0 < n; t0 += MSV_GS_THREADS) {
+                i = t0 + threadIdx.x;
+                x = i < n ? z[i] : -INFINITY;
+                bool  p = i < n && msv_gs_in(x, c0 + i, lo, bound);
+
+                pre = msv_gs_scan(S, p, &tot);
+                if (p) {
+                    oi[pre] = (int32_t) (c0 + i);
+                    if (R.mode == MSV_MASK_SUPPORT) {
+                        ol[pre] = msv_lp((double) x - md, L);
+                    }
+                }
+                oi += tot;
+                ol += tot;
+            }
+        }
+
+        uint32_t  nt = 0;
+
+        if (R.logprobs > 0) {
+            uint64_t  tb = bound;
+
+            nt = (uint64_t) R.logprobs < nS ? (uint32_t) R.logprobs
+                                            : (uint32_t) nS;
+            if (nt < nS) {
+                tb = msv_gs_select_k(cl, S, 4, xk, z, n, c0, lo, bound, nt);
+                xk += 2;
+            }
+            for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+                x = z[i];
+                if (msv_gs_in(x, c0 + i, lo, tb)) {
+                    uint32_t  at = atomicAdd(&res[ri].top_fill, 1u);
+
+                    top_key[(size_t) ri * max_lp + at] =
+                        msv_rank_key(x, c0 + i);
+                    top_lp[(size_t) ri * max_lp + at] =
+                        msv_lp((double) x - md, L);
+                }
+            }
+        }
+
+        if (br == 0 && threadIdx.x == 0) {
+            uint32_t  nsup = R.mode != MSV_MASK_OFF ? (uint32_t) nS : 0;
+            uint32_t  nl = R.mode == MSV_MASK_SUPPORT ? nsup
+                           : (R.mode == MSV_MASK_SELECTED ? 1 : 0);
+
+            res[ri].token = (int32_t) amax;
+            res[ri].logprob = msv_lp((double) tokz - md, L);
+            res[ri].n_support = nsup;
+            res[ri].n_lps = nl;
+            res[ri].n_top = nt;
+            res[ri].bytes = msv_row_size(nsup, nl, nt);
+        }
+    }
+
+update:
+    /* the token joins the request's history for the next step's
+     * penalties; its slice's block is the only reader of that entry */
+    if ((fl & (MSV_GS_REP | MSV_GS_FREQ)) && threadIdx.x == 0
+        && amax >= c0 && amax < c0 + n)
+    {
+        st.count[(size_t) R.slot * V + amax]++;
+        st.seen[(size_t) R.slot * st.words + (amax >> 5)] |= 1u << (amax & 31);
+    }
+    /* no block leaves while another may still read its shared memory */
+    cl.sync();
+}
+
+
+/* ------------------------------------------------------------------ */
+/* Slot setup and packing                                               */
+
+__global__ void
+msv_gs_setup_kernel(const struct msv_gs_setup *su, const uint8_t *up,
+    struct msv_gs_state st, uint32_t V)
+{
+    const struct msv_gs_setup  s = su[blockIdx.x];
+    const int32_t  *bid = (const int32_t *) (up + s.off);
+    const float    *bv = (const float *) (bid + s.n_bias);
+    const int32_t  *mk = (const int32_t *) (bv + s.n_bias);
+    const int32_t  *pr = mk + s.n_mask;
+    const int32_t  *ou = pr + s.n_prompt;
+    uint32_t        i;
+
+    for (i = threadIdx.x; i < s.n_bias; i += blockDim.x) {
+        st.bias_id[(size_t) s.slot * MSV_MAX_BIAS + i] = bid[i];
+        st.bias_val[(size_t) s.slot * MSV_MAX_BIAS + i] = bv[i];
+    }
+    for (i = threadIdx.x; i < s.n_mask; i += blockDim.x) {
+        st.mask[(size_t) s.slot * MSV_GS_MAX_MASK + i] = mk[i];
+    }
+    if (threadIdx.x == 0) {
+        st.n_bias[s.slot] = s.n_bias;
+        st.n_mask[s.slot] = s.n_mask;
+    }
+    if (!s.penalties) {
+        return;
+    }
+
+    uint32_t  *cn = st.count + (size_t) s.slot * V;
+    uint32_t  *sn = st.seen + (size_t) s.slot * st.words;
+
+    for (i = threadIdx.x; i < V; i += blockDim.x) {
+        cn[i] = 0;
+    }
+    for (i = threadIdx.x; i < st.words; i += blockDim.x) {
+        sn[i] = 0;
+    }
+    __syncthreads();
+    for (i = threadIdx.x; i < s.n_prompt; i += blockDim.x) {
+        atomicOr(&sn[(uint32_t) pr[i] >> 5], 1u << (pr[i] & 31));
+    }
+    for (i = threadIdx.x; i < s.n_out; i += blockDim.x) {
+        atomicOr(&sn[(uint32_t) ou[i] >> 5], 1u << (ou[i] & 31));
+        atomicAdd(&cn[ou[i]], 1u);
+    }
+}
+
+
+/* One block per row: its header, ids, logprobs and sorted top entries
+ * at the row's offset (the sum of the sizes before it). */
+__global__ void __launch_bounds__(MSV_GS_PACK_THREADS)
+msv_gs_pack_kernel(const struct msv_gs_row *rows,
+    const struct msv_gs_res *res, uint32_t V, const int32_t *ids,
+    const float *lps, const uint64_t *top_key, const float *top_lp,
+    uint32_t max_lp, uint8_t *pack)
+{
+    __shared__ uint64_t  sk[MSV_MAX_LOGPROBS];
+    __shared__ float     sl[MSV_MAX_LOGPROBS];
+    __shared__ uint64_t  off_s;
+
+    const uint32_t           ri = blockIdx.x;
+    const struct msv_gs_res  o = res[ri];
+    uint32_t                 i;
+    uint8_t                 *p;
+
+    if (threadIdx.x == 0) {
+        uint64_t  s = 0;
+
+        for (i = 0; i < ri; i++) {
+            s += res[i].bytes;
+        }
+        off_s = s;
+    }
+    __syncthreads();
+    p = pack + off_s;
+
+    if (threadIdx.x == 0) {
+        struct msv_row  w;
+
+        memset(&w, 0, sizeof(w));
+        w.bytes = o.bytes;
+        w.slot = rows[ri].slot;
+        w.cookie = rows[ri].cookie;
+        w.token = o.token;
+        w.pos = rows[ri].t;
+        w.n_support = o.n_support;
+        w.n_lps = o.n_lps;
+        w.n_top = o.n_top;
+        w.logprob = o.logprob;
+        w.mode = (uint8_t) rows[ri].mode;
+        memcpy(p, &w, sizeof(w));
+    }
+
+    int32_t  *pi = (int32_t *) (p + sizeof(struct msv_row));
+    float    *pl = (float *) (pi + o.n_support);
+    struct msv_top  *pt = (struct msv_top *) (pl + o.n_lps);
+
+    for (i = threadIdx.x; i < o.n_support; i += blockDim.x) {
+        pi[i] = ids[(size_t) ri * V + i];
+    }
+    if (o.n_lps == o.n_support) {
+        for (i = threadIdx.x; i < o.n_lps; i += blockDim.x) {
+            pl[i] = lps[(size_t) ri * V + i];
+        }
+    } else if (o.n_lps == 1 && threadIdx.x == 0) {
+        pl[0] = o.logprob;
+    }
+
+    if (o.n_top > 0) {
+        uint32_t  cap = 1;
+
+        while (cap < o.n_top) {
+            cap <<= 1;
+        }
+        for (i = threadIdx.x; i < cap; i += blockDim.x) {
+            sk[i] = i < o.n_top ? top_key[(size_t) ri * max_lp + i]
+                                : UINT64_MAX;
+            sl[i] = i < o.n_top ? top_lp[(size_t) ri * max_lp + i] : 0.0f;
+        }
+        __syncthreads();
+        /* bitonic sort by rank key, ascending */
+        for (uint32_t k = 2; k <= cap; k <<= 1) {
+            for (uint32_t j = k >> 1; j > 0; j >>= 1) {
+                for (i = threadIdx.x; i < cap; i += blockDim.x) {
+                    uint32_t  l = i ^ j;
+
+                    if (l > i) {
+                        bool  up = (i & k) == 0;
+
+                        if ((sk[i] > sk[l]) == up) {
+                            uint64_t  tk = sk[i];
+                            float     tl = sl[i];
+
+                            sk[i] = sk[l];
+                            sl[i] = sl[l];
+                            sk[l] = tk;
+                            sl[l] = tl;
+                        }
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        for (i = threadIdx.x; i < o.n_top; i += blockDim.x) {
+            struct msv_top  t;
+
+            t.id = (int32_t) (uint32_t) sk[i];
+            t.lp = sl[i];
+            memcpy(pt + i, &t, sizeof(t));
+        }
+    }
+
+    /* zero the alignment tail: rows are compared byte for byte */
+    {
+        uint8_t  *end = (uint8_t *) (pt + o.n_top);
+        uint32_t  pad = (uint32_t) (p + o.bytes - end);
+
+        for (i = threadIdx.x; i < pad; i += blockDim.x) {
+            end[i] = 0;
+        }
+    }
+}
+
+
+/* ------------------------------------------------------------------ */
+/* Host side                                                            */
+
+static int
+msv_gs_err(char *err, size_t errlen, const char *what, cudaError_t e)
+{
+    snprintf(err, errlen, "gpu sampler: %s: %s", what, cudaGetErrorString(e));
+    return -1;
+}
+
+#define MSV_GS_TRY(call, what)                                           \
+    do {                                                                 \
+        cudaError_t  e_ = (call);                                        \
+        if (e_ != cudaSuccess) {                                         \
+            return msv_gs_err(err, errlen, (what), e_);                  \
+        }                                                                \
+    } while (0)
+
+
+extern "C" void
+msv_gsampler_free(struct msv_gsampler *g)
+{
+    if (g == NULL) {
+        return;
+    }
+    cudaFree(g->st.bias_id);
+    cudaFree(g->st.bias_val);
+    cudaFree(g->st.n_bias);
+    cudaFree(g->st.mask);
+    cudaFree(g->st.n_mask);
+    cudaFree(g->st.count);
+    cudaFree(g->st.seen);
+    cudaFreeHost(g->h_rows);
+    cudaFree(g->d_rows);
+    cudaFreeHost(g->h_res);
+    cudaFree(g->d_res);
+    cudaFreeHost(g->h_setup);
+    cudaFree(g->d_setup);
+    cudaFreeHost(g->h_up);
+    cudaFree(g->d_up);
+    cudaFree(g->d_ids);
+    cudaFree(g->d_lps);
+    cudaFree(g->d_topk);
+    cudaFree(g->d_toplp);
+    cudaFree(g->d_pack);
+    if (g->ev0 != NULL) {
+        cudaEventDestroy(g->ev0);
+    }
+    if (g->ev1 != NULL) {
+        cudaEventDestroy(g->ev1);
+    }
+    free(g->h_cookie);
+    free(g->h_t);
+    free(g->h_valid);
+    free(g->h_pen);
+    free(g->h_off);
+    free(g);
+}
+
+
+static int
+msv_gs_alloc(void **p, size_t bytes, char *err, size_t errlen,
+    const char *what)
+{
+    cudaError_t  e = cudaMalloc(p, bytes > 0 ? bytes : 16);
+
+    if (e != cudaSuccess) {
+        *p = NULL;
+        snprintf(err, errlen, "gpu sampler: %s (%zu bytes): %s", what, bytes,
+                 cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+
+extern "C" struct msv_gsampler *
+msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
+    uint32_t max_logprobs, void *stream, char *err, size_t errlen)
+{
+    struct msv_gsampler  *g;
+    cudaError_t           e;
+    size_t                V = vocab, R = max_rows, row_max;
+
+    if (vocab == 0 || vocab > MSV_SAMPLER_MAX_VOCAB || max_rows == 0
+        || max_slots == 0 || max_logprobs > MSV_MAX_LOGPROBS)
+    {
+        snprintf(err, errlen, "gpu sampler: bad sizes (vocab %u, rows %u, "
+                 "slots %u, logprobs %u)", vocab, max_rows, max_slots,
+                 max_logprobs);
+        return NULL;
+    }
+
+    g = (struct msv_gsampler *) calloc(1, sizeof(*g));
+    if (g == NULL) {
+        snprintf(err, errlen, "gpu sampler: out of memory");
+        return NULL;
+    }
+    g->vocab = vocab;
+    g->max_rows = max_rows;
+    g->max_slots = max_slots;
+    g->max_lp = max_logprobs > 0 ? max_logprobs : 1;
+    g->stream = (cudaStream_t) stream;
+    g->chunk = (vocab + MSV_GS_CLUSTER - 1) / MSV_GS_CLUSTER;
+    g->chunk = (g->chunk + 3) & ~3u;
+    if (g->chunk > MSV_GS_MAX_CHUNK) {
+        snprintf(err, errlen, "gpu sampler: a vocabulary of %u ids does not "
+                 "fit the shared memory of %d blocks (at most %d)", vocab,
+                 MSV_GS_CLUSTER, MSV_GS_CLUSTER * MSV_GS_MAX_CHUNK);
+        free(g);
+        return NULL;
+    }
+    g->smem = (size_t) g->chunk * sizeof(float);
+    g->st.words = (vocab + 31) / 32;
+    row_max = msv_row_size(vocab, vocab, g->max_lp);
+    g->pack_cap = R * row_max;
+
+    g->h_cookie = (uint64_t *) calloc(max_slots, sizeof(uint64_t));
+    g->h_t = (uint32_t *) calloc(max_slots, sizeof(uint32_t));
+    g->h_valid = (uint8_t *) calloc(max_slots, 1);
+    g->h_pen = (uint8_t *) calloc(max_slots, 1);
+    g->h_off = (uint64_t *) calloc(R + 1, sizeof(uint64_t));
+    g->up_cap = 1 << 20;
+    if (g->h_cookie == NULL || g->h_t == NULL || g->h_valid == NULL
+        || g->h_pen == NULL || g->h_off == NULL)
+    {
+        snprintf(err, errlen, "gpu sampler: out of memory");
+        goto fail;
+    }
+
+    e = cudaFuncSetAttribute(msv_sample_kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int) g->smem);
+    if (e != cudaSuccess) {
+        msv_gs_err(err, errlen, "shared memory size", e);
+        goto fail;
+    }
+
+    if (msv_gs_alloc((void **) &g->st.bias_id,
+                     max_slots * (size_t) MSV_MAX_BIAS * 4, err, errlen,
+                     "bias ids") != 0
+        || msv_gs_alloc((void **) &g->st.bias_val,
+                        max_slots * (size_t) MSV_MAX_BIAS * 4, err, errlen,
+                        "bias values") != 0
+        || msv_gs_alloc((void **) &g->st.n_bias, max_slots * 4, err, errlen,
+                        "bias counts") != 0
+        || msv_gs_alloc((void **) &g->st.mask,
+                        max_slots * (size_t) MSV_GS_MAX_MASK * 4, err,
+                        errlen, "masks") != 0
+        || msv_gs_alloc((void **) &g->st.n_mask, max_slots * 4, err, errlen,
+                        "mask counts") != 0
+        || msv_gs_alloc((void **) &g->st.count, max_slots * V * 4, err,
+                        errlen, "token counts") != 0
+        || msv_gs_alloc((void **) &g->st.seen,
+                        max_slots * (size_t) g->st.words * 4, err, errlen,
+                        "seen ids") != 0
+        || msv_gs_alloc((void **) &g->d_rows, R * sizeof(msv_gs_row), err,
+                        errlen, "rows") != 0
+        || msv_gs_alloc((void **) &g->d_res, R * sizeof(msv_gs_res), err,
+                        errlen, "results") != 0
+        || msv_gs_alloc((void **) &g->d_setup, R * sizeof(msv_gs_setup), err,
+                        errlen, "setup") != 0
+        || msv_gs_alloc((void **) &g->d_up, g->up_cap, err, errlen,
+                        "upload") != 0
+        || msv_gs_alloc((void **) &g->d_ids, R * V * 4, err, errlen,
+                        "support ids") != 0
+        || msv_gs_alloc((void **) &g->d_lps, R * V * 4, err, errlen,
+                        "support logprobs") != 0
+        || msv_gs_alloc((void **) &g->d_topk, R * g->max_lp * 8, err, errlen,
+                        "top keys") != 0
+        || msv_gs_alloc((void **) &g->d_toplp, R * g->max_lp * 4, err,
+                        errlen, "top logprobs") != 0
+        || msv_gs_alloc((void **) &g->d_pack, g->pack_cap, err, errlen,
+                        "packed rows") != 0)
+    {
+        goto fail;
+    }
+
+    if ((e = cudaMemset(g->st.n_bias, 0, max_slots * 4)) != cudaSuccess
+        || (e = cudaMemset(g->st.n_mask, 0, max_slots * 4)) != cudaSuccess
+        || (e = cudaMallocHost((void **) &g->h_rows,
+                               R * sizeof(msv_gs_row))) != cudaSuccess
+        || (e = cudaMallocHost((void **) &g->h_res,
+                               R * sizeof(msv_gs_res))) != cudaSuccess
+        || (e = cudaMallocHost((void **) &g->h_setup,
+                               R * sizeof(msv_gs_setup))) != cudaSuccess
+        || (e = cudaMallocHost((void **) &g->h_up, g->up_cap)) != cudaSuccess
+        || (e = cudaEventCreate(&g->ev0)) != cudaSuccess
+        || (e = cudaEventCreate(&g->ev1)) != cudaSuccess)
+    {
+        msv_gs_err(err, errlen, "host buffers", e);
+        goto fail;
+    }
+    return g;
+
+fail:
+    msv_gsampler_free(g);
+    return NULL;
+}
+
+
+/* Room for `bytes` more in the upload buffer (both copies). */
+static int
+msv_gs_up_reserve(struct msv_gsampler *g, size_t used, size_t bytes,
+    char *err, size_t errlen)
+{
+    size_t    cap = g->up_cap;
+    uint8_t  *h, *d;
+
+    if (used + bytes <= cap) {
+        return 0;
+    }
+    while (cap < used + bytes) {
+        cap *= 2;
+    }
+    MSV_GS_TRY(cudaMallocHost((void **) &h, cap), "upload buffer");
+    if (cudaMalloc((void **) &d, cap) != cudaSuccess) {
+        cudaFreeHost(h);
+        snprintf(err, errlen, "gpu sampler: upload buffer of %zu bytes",
+                 cap);
+        return -1;
+    }
+    memcpy(h, g->h_up, used);
+    cudaFreeHost(g->h_up);
+    cudaFree(g->d_up);
+    g->h_up = h;
+    g->d_up = d;
+    g->up_cap = cap;
+    return 0;
+}
+
+
+static int
+msv_gs_cmp_bias(const void *a, const void *b)
+{
+    const struct msv_bias  *x = (const struct msv_bias *) a;
+    const struct msv_bias  *y = (const struct msv_bias *) b;
+
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+
+/* Queue the setup of a slot whose device state is not this request's. */
+static int
+msv_gs_queue_setup(struct msv_gsampler *g, const struct msv_sample_row *sr,
+    uint32_t *n_setup, size_t *used, char *err, size_t errlen)
+{
+    const struct msv_sample_req  *rq = &sr->rq;
+    const struct msv_params      *p = rq->p;
+    struct msv_gs_setup          *su = &g->h_setup[*n_setup];
+    struct msv_bias               tmp[MSV_MAX_BIAS];
+    int32_t                      *w;
+    uint32_t                      i, j, nm, pen;
+    size_t                        bytes;
+
+    pen = p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f
+          || p->presence_penalty != 0.0f;
+    bytes = 4 * (2 * (size_t) p->n_bias + MSV_GS_MAX_MASK)
+            + (pen ? 4 * ((size_t) rq->n_prompt + rq->t) : 0);
+    bytes = (bytes + 7) & ~(size_t) 7;
+    if (msv_gs_up_reserve(g, *used, bytes, err, errlen) != 0) {
+        return -1;
+    }
+
+    su->slot = sr->slot;
+    su->n_bias = p->n_bias;
+    su->off = *used;
+    su->penalties = pen;
+    su->n_prompt = pen ? rq->n_prompt : 0;
+    su->n_out = pen ? rq->t : 0;
+
+    /* bias entries by id, stable: each id's entries keep request order */
+    memcpy(tmp, rq->bias, (size_t) p->n_bias * sizeof(tmp[0]));
+    for (i = 1; i < p->n_bias; i++) {       /* insertion sort: stable */
+        struct msv_bias  v = tmp[i];
+
+        for (j = i; j > 0 && msv_gs_cmp_bias(&tmp[j - 1], &v) > 0; j--) {
+            tmp[j] = tmp[j - 1];
+        }
+        tmp[j] = v;
+    }
+    w = (int32_t *) (g->h_up + *used);
+    for (i = 0; i < p->n_bias; i++) {
+        w[i] = tmp[i].id;
+        memcpy(&w[p->n_bias + i], &tmp[i].value, 4);
+    }
+    w += 2 * p->n_bias;
+
+    /* min_tokens mask: stop ids, eos ids unless ignored, distinct */
+    nm = 0;
+    for (i = 0; i < p->n_stop + rq->n_eos; i++) {
+        int32_t  id = i < p->n_stop ? p->stop_ids[i] : rq->eos[i - p->n_stop];
+
+        if (i >= p->n_stop && p->ignore_eos) {
+            break;
+        }
+        if (id < 0 || (uint32_t) id >= g->vocab) {
+            continue;
+        }
+        for (j = 0; j < nm && w[j] != id; j++) {
+        }
+        if (j == nm) {
+            w[nm++] = id;
+        }
+    }
+    su->n_mask = nm;
+    w += nm;
+    if (pen) {
+        memcpy(w, rq->prompt, 4 * (size_t) rq->n_prompt);
+        memcpy(w + rq->n_prompt, rq->out, 4 * (size_t) rq->t);
+    }
+
+    *used += bytes;
+    (*n_setup)++;
+
+    g->h_cookie[sr->slot] = sr->cookie;
+    g->h_valid[sr->slot] = 1;
+    g->h_pen[sr->slot] = (uint8_t) pen;
+    g->h_t[sr->slot] = rq->t;
+    return 0;
+}
+
+
+extern "C" int
+msv_gsampler_run(struct msv_gsampler *g, float *logits,
+    const struct msv_sample_row *rows, uint32_t n,
+    struct msv_sample_res *res, char *err, size_t errlen)
+{
+    uint32_t   i, n_setup = 0;
+    size_t     used = 0;
+    cudaError_t e;
+
+    if (n == 0) {
+        g->h_off[0] = 0;
+        return 0;
+    }
+    if (n > g->max_rows) {
+        snprintf(err, errlen, "gpu sampler: %u rows, at most %u", n,
+                 g->max_rows);
+        return -1;
+    }
+
+    for (i = 0; i < n; i++) {
+        const struct msv_sample_row  *sr = &rows[i];
+        const struct msv_params      *p = sr->rq.p;
+        struct msv_gs_row            *w = &g->h_rows[i];
+        uint32_t                      fl = 0, pen;
+
+        if (sr->slot >= g->max_slots) {
+            snprintf(err, errlen, "gpu sampler: slot %u, at most %u",
+                     sr->slot, g->max_slots);
+            return -1;
+        }
+        pen = p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f
+              || p->presence_penalty != 0.0f;
+        if (!g->h_valid[sr->slot] || g->h_cookie[sr->slot] != sr->cookie
+            || (pen && g->h_t[sr->slot] != sr->rq.t))
+        {
+            if (msv_gs_queue_setup(g, sr, &n_setup, &used, err, errlen)
+                != 0)
+            {
+                return -1;
+            }
+        }
+        g->h_t[sr->slot] = sr->rq.t + 1;    /* after this draw */
+
+        if (p->temperature == 0.0f) {
+            fl |= MSV_GS_GREEDY;
+        } else {
+            if (p->top_k > 0 && (uint32_t) p->top_k < g->vocab) {
+                fl |= MSV_GS_TOPK;
+            }
+            if (p->top_p < 1.0f) {
+                fl |= MSV_GS_TOPP;
+            }
+            if (p->min_p > 0.0f) {
+                fl |= MSV_GS_MINP;
+            }
+        }
+        if (sr->rq.t < p->min_tokens) {
+            fl |= MSV_GS_MASKON;
+        }
+        if (p->repetition_penalty != 1.0f) {
+            fl |= MSV_GS_REP;
+        }
+        if (p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) {
+            fl |= MSV_GS_FREQ;
+        }
+        if (p->mask_mode != MSV_MASK_OFF || p->logprobs >= 0) {
+            fl |= MSV_GS_CAPT;
+        }
+
+        memset(w, 0, sizeof(*w));
+        w->seed = sr->rq.seed;
+        w->cookie = sr->cookie;
+        w->lrow = sr->row;
+        w->slot = sr->slot;
+        w->t = sr->rq.t;
+        w->flags = fl;
+        w->temp = p->temperature;
+        w->top_p = p->top_p;
+        w->min_p = p->min_p;
+        w->top_k = p->top_k;
+        w->rep = p->repetition_penalty;
+        w->pres = p->presence_penalty;
+        w->freq = p->frequency_penalty;
+        w->logprobs = p->logprobs < (int32_t) g->max_lp ? p->logprobs
+                                                        : (int32_t) g->max_lp;
+        w->mode = p->mask_mode;
+    }
+
+    MSV_GS_TRY(cudaEventRecord(g->ev0, g->stream), "event");
+    if (n_setup > 0) {
+        MSV_GS_TRY(cudaMemcpyAsync(g->d_up, g->h_up, used,
+                                   cudaMemcpyHostToDevice, g->stream),
+                   "upload");
+        MSV_GS_TRY(cudaMemcpyAsync(g->d_setup, g->h_setup,
+                                   n_setup * sizeof(msv_gs_setup),
+                                   cudaMemcpyHostToDevice, g->stream),
+                   "upload");
+        msv_gs_setup_kernel<<<n_setup, 256, 0, g->stream>>>(g->d_setup,
+                                                            g->d_up, g->st,
+                                                            g->vocab);
+        MSV_GS_TRY(cudaGetLastError(), "setup kernel");
+    }
+    MSV_GS_TRY(cudaMemcpyAsync(g->d_rows, g->h_rows,
+                               n * sizeof(msv_gs_row),
+                               cudaMemcpyHostToDevice, g->stream), "upload");
+    MSV_GS_TRY(cudaMemsetAsync(g->d_res, 0, n * sizeof(msv_gs_res),
+                               g->stream), "reset");
+
+    msv_sample_kernel<<<n * MSV_GS_CLUSTER, MSV_GS_THREADS, g->smem,
+                        g->stream>>>(logits, g->vocab, g->chunk, g->d_rows,
+                                     g->st, g->d_ids, g->d_lps, g->d_topk,
+                                     g->d_toplp, g->max_lp, g->d_res);
+    MSV_GS_TRY(cudaGetLastError(), "sampling kernel");
+
+    msv_gs_pack_kernel<<<n, MSV_GS_PACK_THREADS, 0, g->stream>>>(g->d_rows,
+        g->d_res, g->vocab, g->d_ids, g->d_lps, g->d_topk, g->d_toplp,
+        g->max_lp, g->d_pack);
+    MSV_GS_TRY(cudaGetLastError(), "packing kernel");
+    MSV_GS_TRY(cudaEventRecord(g->ev1, g->stream), "event");
+
+    MSV_GS_TRY(cudaMemcpyAsync(g->h_res, g->d_res, n * sizeof(msv_gs_res),
+                               cudaMemcpyDeviceToHost, g->stream),
+               "results");
+    e = cudaStreamSynchronize(g->stream);
+    if (e != cudaSuccess) {
+        return msv_gs_err(err, errlen, "sampling", e);
+    }
+    cudaEventElapsedTime(&g->last_ms, g->ev0, g->ev1);
+
+    g->h_off[0] = 0;
+    for (i = 0; i < n; i++) {
+        res[i].token = g->h_res[i].token;
+        res[i].logprob = g->h_res[i].logprob;
+        res[i].n_support = g->h_res[i].n_support;
+        res[i].bytes = g->h_res[i].bytes;
+        g->h_off[i + 1] = g->h_off[i] + g->h_res[i].bytes;
+    }
+    return 0;
+}
+
+
+extern "C" int
+msv_gsampler_copy(struct msv_gsampler *g, uint32_t first, uint32_t n,
+    void *dst, char *err, size_t errlen)
+{
+    size_t       bytes;
+    cudaError_t  e;
+
+    if (n == 0) {
+        return 0;
+    }
+    bytes = g->h_off[first + n] - g->h_off[first];
+    MSV_GS_TRY(cudaMemcpyAsync(dst, g->d_pack + g->h_off[first], bytes,
+                               cudaMemcpyDeviceToHost, g->stream), "copy");
+    e = cudaStreamSynchronize(g->stream);
+    if (e != cudaSuccess) {
+        return msv_gs_err(err, errlen, "copy", e);
+    }
+    return 0;
+}
+
+
+extern "C" float
+msv_gsampler_last_ms(const struct msv_gsampler *g)
+{
+    return g->last_ms;
+}
+
+
+extern "C" int
+msv_cuda_host_register(void *p, size_t bytes, char *err, size_t errlen)
+{
+    MSV_GS_TRY(cudaHostRegister(p, bytes, cudaHostRegisterDefault),
+               "registering host memory");
+    return 0;
+}
+
+
+extern "C" void
+msv_cuda_host_unregister(void *p)
+{
+    cudaHostUnregister(p);
+}

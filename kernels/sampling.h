@@ -1,0 +1,67 @@
+/*
+ * sampling.h: the GPU sampler (kernels/sampling.cu), C ABI.
+ *
+ * It implements docs/SAMPLER.md on fp32 logits that are already on the
+ * device, and writes each sampled row in the ring's row format (struct
+ * msv_row + payload, shm/msv_shm.h) at its realized length into a device
+ * staging buffer, back to back in row order.  The caller (the CUDA
+ * backend, or the check program) copies those bytes into the ring.
+ *
+ * Per-request state that the penalties need (token counts of the output,
+ * the set of prompt and output ids) and the request's logit bias and
+ * min_tokens mask live on the device, keyed by slot; they are rebuilt
+ * from the host's copy when a slot's cookie or position is not the one
+ * the device expects, and updated on the device after every draw.
+ */
+
+#ifndef MSV_SAMPLING_H
+#define MSV_SAMPLING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct msv_gsampler;
+
+/* A sampler for `vocab` ids, up to max_rows rows a step, slots [0,
+ * max_slots) and top logprobs up to max_logprobs, running on `stream`
+ * (a cudaStream_t; NULL: the default stream).  NULL with err set. */
+struct msv_gsampler *msv_gsampler_new(uint32_t vocab, uint32_t max_rows,
+    uint32_t max_slots, uint32_t max_logprobs, void *stream, char *err,
+    size_t errlen);
+void msv_gsampler_free(struct msv_gsampler *g);
+
+/*
+ * Sample n rows of logits (device memory, [rows][vocab], modified in
+ * place) and pack them.  Returns when the tokens and row sizes are in
+ * res; the packed rows stay on the device until the next call.  The
+ * rows' params must be valid (msv_sample would accept them).  0, or -1
+ * with err set.
+ */
+int msv_gsampler_run(struct msv_gsampler *g, float *logits,
+    const struct msv_sample_row *rows, uint32_t n,
+    struct msv_sample_res *res, char *err, size_t errlen);
+
+/* Copy the packed rows [first, first + n) of the last run (contiguous)
+ * to dst in host memory and wait for the copy. */
+int msv_gsampler_copy(struct msv_gsampler *g, uint32_t first, uint32_t n,
+    void *dst, char *err, size_t errlen);
+
+/* Milliseconds the last run spent in its kernels (CUDA events). */
+float msv_gsampler_last_ms(const struct msv_gsampler *g);
+
+/* Register host memory (the ring) so copies into it run as DMA at full
+ * rate.  0, or -1 with err set. */
+int msv_cuda_host_register(void *p, size_t bytes, char *err, size_t errlen);
+void msv_cuda_host_unregister(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MSV_SAMPLING_H */

@@ -1,0 +1,364 @@
+/*
+ * test_gpu_sampler.c: the GPU sampler (kernels/sampling.cu) against the
+ * CPU sampler (worker/sampler.c, the reference) on the same logits:
+ * random and adversarial rows (ties at the top-k boundary, flat rows, one
+ * dominant token, -inf, NaN and +inf entries), every truncation, greedy,
+ * penalties over several steps (the GPU keeps the counts), logit bias,
+ * min_tokens, every mask mode and top logprobs; at the real vocabulary
+ * size (151,936) and an odd one.  Tokens, supports and top ids must be
+ * identical; logprobs within 2e-6 (absolute, or relative when larger).
+ * The packed rows are parsed as a ring reader would.
+ *
+ * Without CUDA in the build, or without a GPU, the test says so and
+ * skips (TAP "1..0 # SKIP").
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "sampler.h"
+#include "tap.h"
+
+#ifdef MSV_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include "../../kernels/sampling.h"
+#endif
+
+#define ROWS     96
+#define STEPS    3
+#define MAX_LP   16
+#define LP_TOL   2e-6
+
+static uint64_t  rng = 0x9e3779b97f4a7c15ULL;
+
+static double
+unif(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return ((double) (rng >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double
+gauss(void)
+{
+    return sqrt(-2.0 * log(unif())) * cos(6.283185307179586 * unif());
+}
+
+
+#ifndef MSV_HAVE_CUDA
+
+int
+main(void)
+{
+    printf("1..0 # SKIP built without CUDA\n");
+    return 0;
+}
+
+#else
+
+struct row {
+    struct msv_params  p;
+    struct msv_bias    bias[8];
+    int32_t            prompt[6];
+    int32_t            out[STEPS];
+    uint32_t           shape;
+};
+
+static const char *shapes[] = {
+    "gaussian", "wide gaussian", "ties at the top-k boundary", "flat",
+    "one dominant", "-inf entries", "NaN and +inf entries", "huge values"
+};
+
+static void
+fill_logits(float *z, uint32_t V, uint32_t shape)
+{
+    uint32_t  i;
+
+    for (i = 0; i < V; i++) {
+        switch (shape) {
+        case 0:  z[i] = (float) (3.0 * gauss()); break;
+        case 1:  z[i] = (float) (8.0 * gauss()); break;
+        case 2:  z[i] = (float) (int) (4.0 * unif()) * 0.5f; break;
+        case 3:  z[i] = 1.25f; break;
+        case 4:  z[i] = (float) gauss(); break;
+        case 5:  z[i] = unif() < 0.3 ? -INFINITY : (float) (2.0 * gauss());
+                 break;
+        case 6:  z[i] = unif() < 0.01 ? NAN
+                        : (unif() < 0.001 ? INFINITY : (float) gauss());
+                 break;
+        default: z[i] = (float) (1e30 * gauss()); break;
+        }
+    }
+    if (shape == 4) {
+        z[(uint32_t) (unif() * V) % V] = 40.0f;
+    }
+}
+
+static void
+make_row(struct row *r, uint32_t i, uint32_t V)
+{
+    static const int32_t  ks[] = { 0, 1, 20, 1000, 8192, -1 };
+    static const float    ps[] = { 1.0f, 0.95f, 0.5f };
+    uint32_t              j;
+
+    memset(r, 0, sizeof(*r));
+    r->shape = i % 8;
+    r->p.max_tokens = 16;
+    r->p.temperature = i % 13 == 0 ? 0.0f : (float) (0.3 + 1.2 * unif());
+    r->p.top_k = ks[(i / 8) % 6] == -1 ? (int32_t) V : ks[(i / 8) % 6];
+    r->p.top_p = ps[(i / 3) % 3];
+    r->p.min_p = i % 5 == 0 ? 0.05f : 0.0f;
+    r->p.repetition_penalty = i % 7 == 1 ? 1.3f : 1.0f;
+    r->p.frequency_penalty = i % 9 == 2 ? 0.4f : 0.0f;
+    r->p.presence_penalty = i % 9 == 2 ? 0.25f : 0.0f;
+    r->p.mask_mode = i % 3;
+    r->p.logprobs = i % 4 == 0 ? -1 : (i % 4 == 1 ? 0 : (int32_t) (1 + i % MAX_LP));
+    r->p.min_tokens = i % 6 == 0 ? 2 : 0;
+    r->p.n_stop = i % 6 == 0 ? 2 : 0;
+    r->p.stop_ids[0] = 7;
+    r->p.stop_ids[1] = (int32_t) V - 1;
+    r->p.ignore_eos = i % 12 == 6;
+    r->p.seed = 1000 + i;
+    r->p.has_seed = 1;
+    if (i % 10 == 3) {
+        r->p.n_bias = 5;
+        for (j = 0; j < 5; j++) {
+            r->bias[j].id = (int32_t) ((j * 977 + i) % V);
+            r->bias[j].value = (float) (j % 2 ? 3.0 : -2.5);
+        }
+        r->bias[4].id = r->bias[1].id;      /* a duplicate adds up */
+    }
+    for (j = 0; j < 6; j++) {
+        r->prompt[j] = (int32_t) ((j * 131 + i * 7) % V);
+    }
+}
+
+
+/* One packed row, parsed and checked against the CPU's answer. */
+static int
+compare(const struct msv_row *w, const struct msv_sample_out *o, int rc,
+    const struct row *r, uint32_t i, uint32_t t, uint32_t V, uint64_t *lp_bad,
+    double *lp_max)
+{
+    const int32_t         *ids = msv_row_ids(w);
+    const float           *lps = msv_row_lps(w);
+    const struct msv_top  *top = msv_row_top(w);
+    uint32_t               j, n_lps;
+    double                 d;
+
+    if (rc != 0) {
+        if (w->token != -1) {
+            tap_diag("row %u step %u: CPU failed, GPU gave %d", i, t,
+                     w->token);
+            return 0;
+        }
+        return 1;
+    }
+    if (w->token != o->token) {
+        tap_diag("row %u step %u (%s, T %g, k %d, p %g, min_p %g): token "
+                 "GPU %d CPU %d", i, t, shapes[r->shape],
+                 (double) r->p.temperature, r->p.top_k, (double) r->p.top_p,
+                 (double) r->p.min_p, w->token, o->token);
+        return 0;
+    }
+    n_lps = r->p.mask_mode == MSV_MASK_SUPPORT ? o->n_support
+            : (r->p.mask_mode == MSV_MASK_SELECTED ? 1 : 0);
+    if (w->n_support != o->n_support || w->n_lps != n_lps
+        || w->n_top != o->n_top
+        || w->bytes != msv_row_size(w->n_support, w->n_lps, w->n_top)
+        || (uint32_t) w->pos != t || w->mode != r->p.mask_mode)
+    {
+        tap_diag("row %u step %u (%s, k %d, p %g): support %u/%u lps %u/%u "
+                 "top %u/%u bytes %u", i, t, shapes[r->shape], r->p.top_k,
+                 (double) r->p.top_p, w->n_support, o->n_support, w->n_lps,
+                 n_lps, w->n_top, o->n_top, w->bytes);
+        return 0;
+    }
+    for (j = 0; j < o->n_support; j++) {
+        if (ids[j] != o->ids[j]) {
+            tap_diag("row %u step %u: support id %u GPU %d CPU %d", i, t, j,
+                     ids[j], o->ids[j]);
+            return 0;
+        }
+    }
+    for (j = 0; j < o->n_top; j++) {
+        if (top[j].id != o->top[j].id) {
+            tap_diag("row %u step %u: top %u GPU %d CPU %d", i, t, j,
+                     top[j].id, o->top[j].id);
+            return 0;
+        }
+    }
+
+#define LP_CHECK(g, c)                                                   \
+    do {                                                                 \
+        d = fabs((double) (g) - (double) (c));                           \
+        if (d > *lp_max) {                                               \
+            *lp_max = d;                                                 \
+        }                                                                \
+        if (!(d <= LP_TOL * (fabs((double) (c)) > 1 ? fabs((double) (c)) \
+                                                    : 1)))               \
+        {                                                                \
+            (*lp_bad)++;                                                 \
+        }                                                                \
+    } while (0)
+
+    LP_CHECK(w->logprob, o->logprob);
+    if (r->p.mask_mode == MSV_MASK_SUPPORT) {
+        for (j = 0; j < o->n_support; j++) {
+            LP_CHECK(lps[j], o->lps[j]);
+        }
+    } else if (r->p.mask_mode == MSV_MASK_SELECTED) {
+        LP_CHECK(lps[0], o->logprob);
+    }
+    for (j = 0; j < o->n_top; j++) {
+        LP_CHECK(top[j].lp, o->top[j].lp);
+    }
+    (void) V;
+    return 1;
+}
+
+
+static void
+run_vocab(uint32_t V)
+{
+    static const int32_t  eos[2] = { 3, 11 };
+    struct msv_gsampler  *g;
+    struct msv_sampler   *cpu;
+    struct row           *rows;
+    struct msv_sample_row *sr;
+    struct msv_sample_res *res;
+    struct msv_sample_out  o;
+    float                *h, *work, *d;
+    uint8_t              *pack;
+    uint64_t              off, lp_bad = 0, n_rows = 0, n_same = 0, n_ids = 0;
+    double                lp_max = 0;
+    uint32_t              i, t;
+    int                   rc, ok_rows = 1;
+    char                  err[256];
+
+    rows = calloc(ROWS, sizeof(*rows));
+    sr = calloc(ROWS, sizeof(*sr));
+    res = calloc(ROWS, sizeof(*res));
+    h = malloc((size_t) ROWS * V * sizeof(float));
+    work = malloc((size_t) V * sizeof(float));
+    pack = malloc((size_t) ROWS * msv_row_size(V, V, MAX_LP));
+    cpu = msv_sampler_new(V);
+    g = msv_gsampler_new(V, ROWS, ROWS, MAX_LP, NULL, err, sizeof(err));
+    if (!tap_ok(g != NULL && cpu != NULL && rows != NULL && h != NULL
+                && pack != NULL, "V %u: GPU sampler created (%s)", V,
+                g != NULL ? "ok" : err))
+    {
+        return;
+    }
+    if (cudaMalloc((void **) &d, (size_t) ROWS * V * sizeof(float))
+        != cudaSuccess)
+    {
+        tap_ok(0, "V %u: device logits", V);
+        return;
+    }
+
+    for (i = 0; i < ROWS; i++) {
+        make_row(&rows[i], i, V);
+    }
+
+    for (t = 0; t < STEPS; t++) {
+        for (i = 0; i < ROWS; i++) {
+            fill_logits(h + (size_t) i * V, V, rows[i].shape);
+            sr[i].row = i;
+            sr[i].slot = i;
+            sr[i].cookie = 77 + i;
+            sr[i].rq.p = &rows[i].p;
+            sr[i].rq.bias = rows[i].bias;
+            sr[i].rq.seed = rows[i].p.seed;
+            sr[i].rq.t = t;
+            sr[i].rq.prompt = rows[i].prompt;
+            sr[i].rq.n_prompt = 6;
+            sr[i].rq.out = rows[i].out;
+            sr[i].rq.eos = eos;
+            sr[i].rq.n_eos = 2;
+        }
+        cudaMemcpy(d, h, (size_t) ROWS * V * sizeof(float),
+                   cudaMemcpyHostToDevice);
+        rc = msv_gsampler_run(g, d, sr, ROWS, res, err, sizeof(err));
+        if (rc == 0) {
+            rc = msv_gsampler_copy(g, 0, ROWS, pack, err, sizeof(err));
+        }
+        if (!tap_ok(rc == 0, "V %u step %u: GPU run (%s)", V, t,
+                    rc == 0 ? "ok" : err))
+        {
+            return;
+        }
+
+        off = 0;
+        for (i = 0; i < ROWS; i++) {
+            const struct msv_row  *w = (const struct msv_row *) (pack + off);
+
+            memcpy(work, h + (size_t) i * V, (size_t) V * sizeof(float));
+            rc = msv_sample(cpu, work, &sr[i].rq, &o);
+            n_rows++;
+            if (w->bytes != res[i].bytes || w->slot != i
+                || w->cookie != 77 + i || w->token != res[i].token)
+            {
+                tap_diag("row %u step %u: header does not match the result",
+                         i, t);
+                ok_rows = 0;
+            } else if (compare(w, &o, rc, &rows[i], i, t, V, &lp_bad,
+                               &lp_max))
+            {
+                n_same++;
+                n_ids += o.n_support;
+            }
+            off += w->bytes;
+            if (rc == 0) {
+                rows[i].out[t] = o.token;
+            } else {
+                rows[i].out[t] = 0;
+            }
+        }
+    }
+
+    tap_ok(ok_rows, "V %u: every packed row's header is the run's result",
+           V);
+    tap_ok(n_same == n_rows, "V %u: %llu of %llu rows identical in token, "
+           "support and top ids (%llu support ids)", V,
+           (unsigned long long) n_same, (unsigned long long) n_rows,
+           (unsigned long long) n_ids);
+    tap_ok(lp_bad == 0, "V %u: logprobs within %g (largest difference %.3g, "
+           "%llu outside)", V, LP_TOL, lp_max, (unsigned long long) lp_bad);
+
+    cudaFree(d);
+    msv_gsampler_free(g);
+    msv_sampler_free(cpu);
+    free(rows);
+    free(sr);
+    free(res);
+    free(h);
+    free(work);
+    free(pack);
+}
+
+
+int
+main(void)
+{
+    if (msv_cuda_device_count() == 0) {
+        printf("1..0 # SKIP no CUDA device\n");
+        return 0;
+    }
+    if (getenv("MSV_GS_QUICK") != NULL) {      /* under a memory checker */
+        run_vocab(4099);
+        return tap_done();
+    }
+    run_vocab(151936);
+    run_vocab(4099);
+    run_vocab(32003);
+    return tap_done();
+}
+
+#endif
