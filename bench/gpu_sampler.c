@@ -90,7 +90,8 @@ main(int argc, char **argv)
     float                 *h, *d;
     uint8_t               *dst;
     size_t                 dst_bytes;
-    double                 km[64], cm[64], kmed, cmed, bytes;
+    double                 km[64], cm[64], pm[3][64], kmed, cmed, bytes;
+    float                  parts[3];
     struct msv_gsampler   *g;
     struct msv_sample_row *sr;
     struct msv_sample_res *res;
@@ -142,6 +143,8 @@ main(int argc, char **argv)
         return 1;
     }
 
+    printf("V %u, %d clusters of the sampling kernel at once\n", V,
+           msv_gsampler_clusters(g));
     tl += snprintf(table + tl, sizeof(table) - tl,
                    "| batch | case | mask | kernels ms | copy ms | bytes |\n"
                    "|---|---|---|---|---|---|\n");
@@ -188,8 +191,11 @@ main(int argc, char **argv)
                     }
                     t1 = now_ms();
                     if (r >= 2) {
-                        km[r - 2] = msv_gsampler_last_ms(g);
+                        km[r - 2] = msv_gsampler_last_ms(g, parts);
                         cm[r - 2] = t1 - t0;
+                        pm[0][r - 2] = parts[0];
+                        pm[1][r - 2] = parts[1];
+                        pm[2][r - 2] = parts[2];
                     }
                     bytes = 0;
                     for (i = 0; i < n; i++) {
@@ -198,10 +204,15 @@ main(int argc, char **argv)
                 }
                 qsort(km, reps, sizeof(double), cmp_d);
                 qsort(cm, reps, sizeof(double), cmp_d);
+                for (i = 0; i < 3; i++) {
+                    qsort(pm[i], reps, sizeof(double), cmp_d);
+                }
                 kmed = km[reps / 2];
                 cmed = cm[reps / 2];
-                printf("batch %u, %s, mask %s: kernels %.4f ms, copy %.4f ms "
+                printf("batch %u, %s, mask %s: kernels %.4f ms (uploads "
+                       "%.4f, sampling %.4f, packing %.4f), copy %.4f ms "
                        "(%.0f bytes)\n", n, cases[ci].name, modes[mi], kmed,
+                       pm[0][reps / 2], pm[1][reps / 2], pm[2][reps / 2],
                        cmed, bytes);
                 tl += snprintf(table + tl, sizeof(table) - tl,
                                "| %u | %s | %s | %.4f | %.4f | %.0f |\n", n,

@@ -46,6 +46,10 @@ namespace cg = cooperative_groups;
 #define MSV_GS_NH        8          /* count histograms per kernel */
 #define MSV_GS_MAX_MASK  (MSV_MAX_STOP + MSV_MAX_EOS)
 #define MSV_GS_PACK_THREADS 512
+#define MSV_GS_NB        512        /* candidate bins: 1/16 nat below max */
+#define MSV_GS_BIN_SCALE 16.0f
+#define MSV_GS_QBIN      368        /* bins holding every d >= -23 */
+#define MSV_GS_CAP       4096       /* candidates a block compacts */
 
 enum {
     MSV_GS_GREEDY = 1u << 0,
@@ -151,8 +155,9 @@ struct msv_gsampler {
     size_t               pack_cap;
     uint64_t            *h_off;      /* row offsets of the last run */
 
-    cudaEvent_t          ev0, ev1;
+    cudaEvent_t          ev0, ev1, eva, evb;
     float                last_ms;
+    float                part_ms[3];     /* uploads, sampling, packing */
 };
 
 
@@ -169,6 +174,9 @@ struct msv_gs_smem {
     uint32_t   wsum[MSV_GS_WARPS];
     uint32_t   flag;
     float      saved[MSV_GS_MAX_MASK];
+    uint32_t   bh[MSV_GS_NB];       /* this block's candidate bins */
+    uint32_t   bs[MSV_GS_NB];       /* the cluster's */
+    uint16_t   ix[MSV_GS_CAP];      /* compacted candidates' offsets */
 };
 
 /* Publish four words as exchange k, then gather every block's four. */
@@ -397,6 +405,67 @@ msv_gs_scan(msv_gs_smem &S, bool pred, uint32_t *total)
     return base + __popc(m & ((1u << lane) - 1));
 }
 
+/* The candidate bin of a finite logit x <= m: 1/16 nat steps below the
+ * max, the last bin taking the rest.  Monotone in x, so the bins are
+ * prefixes of the rank order. */
+__device__ static inline uint32_t
+msv_gs_bin(float m, float x)
+{
+    float  f = __fmul_rn(__fsub_rn(m, x), MSV_GS_BIN_SCALE);
+
+    return f < (float) (MSV_GS_NB - 1) ? (uint32_t) f : MSV_GS_NB - 1;
+}
+
+/* The first bin of S.bs (best first) where the cumulative count reaches
+ * k, or MSV_GS_NB - 1; warp 0 finds it, every thread gets it. */
+__device__ static uint32_t
+msv_gs_bin_of_k(msv_gs_smem &S, uint64_t k)
+{
+    if (threadIdx.x < 32) {
+        const uint32_t  per = MSV_GS_NB / 32, lane = threadIdx.x;
+        uint64_t        own = 0, pre, v;
+        uint32_t        j, hit;
+
+        for (j = 0; j < per; j++) {
+            own += S.bs[lane * per + j];
+        }
+        pre = own;
+        for (int o = 1; o < 32; o <<= 1) {
+            v = __shfl_up_sync(0xffffffffu, pre, o);
+            if (lane >= (uint32_t) o) {
+                pre += v;
+            }
+        }
+        hit = __ballot_sync(0xffffffffu, pre >= k);
+        if (hit == 0) {
+            if (lane == 0) {
+                S.flag = MSV_GS_NB - 1;
+            }
+        } else if (lane == (uint32_t) (__ffs(hit) - 1)) {
+            uint64_t  c = pre - own;
+
+            for (j = 0; j < per - 1; j++) {
+                c += S.bs[lane * per + j];
+                if (c >= k) {
+                    break;
+                }
+            }
+            S.flag = lane * per + j;
+        }
+    }
+    __syncthreads();
+    {
+        uint32_t  b = S.flag;
+
+        __syncthreads();
+        return b;
+    }
+}
+
+/* The id of element i of a block's slice: the slice itself, or the
+ * candidates compacted to its front (ix: their offsets in the slice). */
+#define MSV_GS_ID(i)  (ix != NULL ? c0 + ix[i] : c0 + (i))
+
 /* The support predicate on one logit. */
 __device__ static inline bool
 msv_gs_in(float x, uint32_t id, float lo, uint64_t bound)
@@ -486,8 +555,8 @@ msv_gs_digit(msv_gs_smem &S, int weight, uint64_t *need, uint64_t *above,
  */
 __device__ static uint32_t
 msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
-    uint32_t n, uint32_t c0, uint32_t key, float lo, uint64_t bound,
-    uint64_t need)
+    const uint16_t *ix, uint32_t n, uint32_t c0, uint32_t key, float lo,
+    uint64_t bound, uint64_t need)
 {
     uint32_t  br = cl.block_rank(), r, i, tot, pre, mine;
     uint64_t  cnt = 0, before = 0, owner = MSV_GS_CLUSTER;
@@ -495,7 +564,7 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
     for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
         float  x = z[i];
 
-        cnt += msv_gs_in(x, c0 + i, lo, bound) && msv_fkey(x) == key;
+        cnt += msv_gs_in(x, MSV_GS_ID(i), lo, bound) && msv_fkey(x) == key;
     }
     cnt = msv_gs_sum64(S, cnt);
     msv_gs_exchange(cl, S, xk, cnt, 0, 0, 0);
@@ -513,13 +582,13 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
 
         for (uint32_t t0 = 0; t0 < n; t0 += MSV_GS_THREADS) {
             i = t0 + threadIdx.x;
-            bool  p = i < n && msv_gs_in(z[i], c0 + i, lo, bound)
+            bool  p = i < n && msv_gs_in(z[i], MSV_GS_ID(i), lo, bound)
                       && msv_fkey(z[i]) == key;
 
             pre = msv_gs_scan(S, p, &tot);
             if (left <= tot) {
                 if (p && pre + 1 == left) {
-                    S.flag = c0 + i;
+                    S.flag = MSV_GS_ID(i);
                 }
                 __syncthreads();
                 mine = S.flag;
@@ -544,8 +613,8 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
  */
 __device__ static uint64_t
 msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
-    const float *z, uint32_t n, uint32_t c0, float lo, uint64_t bound,
-    uint64_t k)
+    const float *z, const uint16_t *ix, uint32_t n, uint32_t c0, float lo,
+    uint64_t bound, uint64_t k)
 {
     uint32_t  prefix = 0, mask = 0, shift, digit, i, id;
     uint64_t  need = k, dummy = 0;
@@ -560,7 +629,7 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
             float     x = z[i];
             uint32_t  u = msv_fkey(x);
 
-            if (msv_gs_in(x, c0 + i, lo, bound) && (u & mask) == prefix) {
+            if (msv_gs_in(x, MSV_GS_ID(i), lo, bound) && (u & mask) == prefix) {
                 atomicAdd(&S.h[hk + r][(u >> shift) & 255], 1u);
             }
         }
@@ -570,7 +639,7 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
         mask |= 255u << shift;
     }
 
-    id = msv_gs_cut(cl, S, xk, z, n, c0, prefix, lo, bound, need);
+    id = msv_gs_cut(cl, S, xk, z, ix, n, c0, prefix, lo, bound, need);
     return ((uint64_t) (uint32_t) ~prefix << 32) | id;
 }
 
@@ -602,16 +671,61 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
     uint64_t  bound = UINT64_MAX;
     int       xk = 0;
 
-    /* 0. load and sanitize */
-    for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
-        z[i] = msv_clean(src[i]);
-    }
-    __syncthreads();
+    const uint16_t  *ix = NULL;     /* candidates compacted (see 5.) */
+    uint32_t         nn;            /* elements of the slice in use */
+    uint64_t         n1;            /* finite logits >= lo */
 
-    /* 1. logit_bias: entries sorted by id (stably), so one thread runs
-     * each id's entries in request order */
-    {
-        uint32_t        nb = st.n_bias[R.slot];
+    /*
+     * 0-4. Processing: sanitize, logit_bias, penalties, min_tokens,
+     * temperature, then the max, the lowest id of the max and the count
+     * of finite logits.  Rows without bias or an active min_tokens mask
+     * (nearly all) do it in the same pass that loads the slice.
+     */
+    const uint32_t  nb = st.n_bias[R.slot];
+    const uint32_t  nm = (fl & MSV_GS_MASKON) ? st.n_mask[R.slot] : 0;
+    const int32_t  *mk = st.mask + (size_t) R.slot * MSV_GS_MAX_MASK;
+    const float     temp = (fl & MSV_GS_GREEDY) ? 1.0f : R.temp;
+    const bool      pen = (fl & (MSV_GS_REP | MSV_GS_FREQ)) != 0;
+    const bool      fused = nb == 0 && nm == 0;
+    const uint32_t *cn = st.count + (size_t) R.slot * V;
+    const uint32_t *sn = st.seen + (size_t) R.slot * st.words;
+
+    if (fused) {
+        m = -INFINITY;
+        amax = UINT32_MAX;
+        cnt = 0;
+#pragma unroll 4
+        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            x = msv_clean(src[i]);
+            if (pen) {
+                id = c0 + i;
+                if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
+                    x = msv_rep_penalty(x, R.rep);
+                }
+                if ((fl & MSV_GS_FREQ) && cn[id] > 0) {
+                    x = msv_freq_penalty(x, R.freq, cn[id], R.pres);
+                }
+            }
+            if (temp != 1.0f) {
+                x = msv_temp_div(x, temp);
+            }
+            z[i] = x;
+            if (x != -INFINITY) {
+                cnt++;
+                if (x > m) {            /* ids rise along the loop */
+                    m = x;
+                    amax = c0 + i;
+                }
+            }
+        }
+    } else {
+        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            z[i] = msv_clean(src[i]);
+        }
+        __syncthreads();
+
+        /* logit_bias: entries sorted by id (stably), so one thread runs
+         * each id's entries in request order */
         const int32_t  *bid = st.bias_id + (size_t) R.slot * MSV_MAX_BIAS;
         const float    *bv = st.bias_val + (size_t) R.slot * MSV_MAX_BIAS;
 
@@ -626,66 +740,54 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             }
             z[id - c0] = x;
         }
-    }
-    __syncthreads();
+        __syncthreads();
 
-    /* 2. penalties, from the slot's counts and seen set */
-    if (fl & (MSV_GS_REP | MSV_GS_FREQ)) {
-        const uint32_t  *cn = st.count + (size_t) R.slot * V;
-        const uint32_t  *sn = st.seen + (size_t) R.slot * st.words;
-
-        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
-            id = c0 + i;
-            x = z[i];
-            if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
-                x = msv_rep_penalty(x, R.rep);
-            }
-            if (fl & MSV_GS_FREQ) {
-                uint32_t  c = cn[id];
-
-                if (c > 0) {
-                    x = msv_freq_penalty(x, R.freq, c, R.pres);
+        if (pen) {
+            for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+                id = c0 + i;
+                x = z[i];
+                if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
+                    x = msv_rep_penalty(x, R.rep);
                 }
-            }
-            z[i] = x;
-        }
-        __syncthreads();
-    }
-
-    /* 3. min_tokens: mask the stop and eos ids (distinct), keeping what
-     * they were in case nothing else is finite */
-    uint32_t        nm = (fl & MSV_GS_MASKON) ? st.n_mask[R.slot] : 0;
-    const int32_t  *mk = st.mask + (size_t) R.slot * MSV_GS_MAX_MASK;
-
-    if (nm > 0) {
-        if (threadIdx.x < nm) {
-            id = (uint32_t) mk[threadIdx.x];
-            if (id >= c0 && id < c0 + n) {
-                S.saved[threadIdx.x] = z[id - c0];
-                z[id - c0] = -INFINITY;
-            }
-        }
-        __syncthreads();
-    }
-
-    /* 4. temperature, max, lowest id of the max, finite count */
-    const float  temp = (fl & MSV_GS_GREEDY) ? 1.0f : R.temp;
-
-    for (int pass = 0; pass < 2; pass++) {
-        m = -INFINITY;
-        amax = UINT32_MAX;
-        cnt = 0;
-        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
-            x = z[i];
-            if (pass == 0 && temp != 1.0f) {
-                x = msv_temp_div(x, temp);
+                if ((fl & MSV_GS_FREQ) && cn[id] > 0) {
+                    x = msv_freq_penalty(x, R.freq, cn[id], R.pres);
+                }
                 z[i] = x;
             }
-            if (x != -INFINITY) {
-                cnt++;
-                if (x > m) {            /* ids rise along the loop */
-                    m = x;
-                    amax = c0 + i;
+            __syncthreads();
+        }
+
+        /* min_tokens: mask the stop and eos ids (distinct), keeping what
+         * they were in case nothing else is finite */
+        if (nm > 0) {
+            if (threadIdx.x < nm) {
+                id = (uint32_t) mk[threadIdx.x];
+                if (id >= c0 && id < c0 + n) {
+                    S.saved[threadIdx.x] = z[id - c0];
+                    z[id - c0] = -INFINITY;
+                }
+            }
+            __syncthreads();
+        }
+    }
+
+    for (int pass = 0; pass < 2; pass++) {
+        if (!(fused && pass == 0)) {
+            m = -INFINITY;
+            amax = UINT32_MAX;
+            cnt = 0;
+            for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+                x = z[i];
+                if (pass == 0 && temp != 1.0f) {
+                    x = msv_temp_div(x, temp);
+                    z[i] = x;
+                }
+                if (x != -INFINITY) {
+                    cnt++;
+                    if (x > m) {
+                        m = x;
+                        amax = c0 + i;
+                    }
                 }
             }
         }
@@ -754,25 +856,88 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
     lo = msv_floor(m, (fl & MSV_GS_MINP) ? log((double) R.min_p)
                                          : -INFINITY);
 
-    /* 6. top_k: the k-th of the survivors, if there are more than k */
-    if (fl & MSV_GS_TOPK) {
-        uint64_t  n1 = n_fin;
+    /*
+     * Candidates: with any truncation, S lies within the first few bins
+     * of the rank order (enough bins for top_k ids; the ids with a top-p
+     * weight; the min_p floor).  When every block's share fits, the
+     * candidates are compacted in id order to the front of the slice and
+     * every later stage runs over them alone.
+     */
+    nn = n;
+    n1 = n_fin;
 
-        if (fl & MSV_GS_MINP) {
-            uint64_t  c = 0;
+    if (fl & (MSV_GS_TOPK | MSV_GS_TOPP | MSV_GS_MINP)) {
+        uint32_t  bsel = MSV_GS_NB - 1, own = 0, most = 0;
 
-            for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
-                c += z[i] >= lo;
-            }
-            c = msv_gs_sum64(S, c);
-            msv_gs_exchange(cl, S, xk++, c, 0, 0, 0);
-            n1 = 0;
-            for (r = 0; r < MSV_GS_CLUSTER; r++) {
-                n1 += S.g[r][0];
+        for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_THREADS) {
+            S.bh[i] = 0;
+        }
+        __syncthreads();
+        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            x = z[i];
+            if (x >= lo) {
+                atomicAdd(&S.bh[msv_gs_bin(m, x)], 1u);
             }
         }
+        cl.sync();
+        for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_THREADS) {
+            uint32_t  c = 0;
+
+            for (r = 0; r < MSV_GS_CLUSTER; r++) {
+                c += *cl.map_shared_rank(&S.bh[i], r);
+            }
+            S.bs[i] = c;
+        }
+        __syncthreads();
+
+        n1 = 0;
+        for (i = 0; i < MSV_GS_NB; i++) {
+            n1 += S.bs[i];
+        }
+        if ((fl & MSV_GS_TOPP) && !(fl & MSV_GS_TOPK)) {
+            bsel = MSV_GS_QBIN;
+        }
+        if ((fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1) {
+            uint32_t  bk = msv_gs_bin_of_k(S, (uint64_t) R.top_k);
+
+            bsel = bk < bsel ? bk : bsel;
+        }
+        for (i = threadIdx.x; i <= bsel; i += MSV_GS_THREADS) {
+            own += S.bh[i];
+        }
+        own = (uint32_t) msv_gs_sum64(S, own);
+        msv_gs_exchange(cl, S, xk++, own, 0, 0, 0);
+        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+            most = S.g[r][0] > most ? (uint32_t) S.g[r][0] : most;
+        }
+
+        if (most <= MSV_GS_CAP) {
+            uint32_t  out = 0, tot, pre;
+
+            for (uint32_t t0 = 0; t0 < n; t0 += MSV_GS_THREADS) {
+                i = t0 + threadIdx.x;
+                x = i < n ? z[i] : -INFINITY;
+                bool  p = i < n && x >= lo && msv_gs_bin(m, x) <= bsel;
+
+                /* every read of this tile happens before the scan's
+                 * barrier, every write lands below the tile */
+                pre = msv_gs_scan(S, p, &tot);
+                if (p) {
+                    z[out + pre] = x;
+                    S.ix[out + pre] = (uint16_t) i;
+                }
+                out += tot;
+            }
+            __syncthreads();
+            ix = S.ix;
+            nn = out;
+        }
+    }
+
+    /* 6. top_k: the k-th of the survivors, if there are more than k */
+    if (fl & MSV_GS_TOPK) {
         if ((uint64_t) R.top_k < n1) {
-            bound = msv_gs_select_k(cl, S, 0, xk, z, n, c0, lo, bound,
+            bound = msv_gs_select_k(cl, S, 0, xk, z, ix, nn, c0, lo, bound,
                                     (uint64_t) R.top_k);
             xk += 2;
         }
@@ -785,9 +950,9 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         double    tau, d;
         const double  md = (double) m;
 
-        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+        for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
             x = z[i];
-            if (msv_gs_in(x, c0 + i, lo, bound)) {
+            if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
                 w += msv_weight((double) x - md);
             }
         }
@@ -805,11 +970,11 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                 S.wh[rd][i] = 0;
             }
             __syncthreads();
-            for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
                 x = z[i];
                 uint32_t  u = msv_fkey(x);
 
-                if (msv_gs_in(x, c0 + i, lo, bound) && (u & mask) == prefix) {
+                if (msv_gs_in(x, MSV_GS_ID(i), lo, bound) && (u & mask) == prefix) {
                     d = (double) x - md;
                     q = msv_weight(d);
                     if (q > 0) {
@@ -842,7 +1007,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             while ((double) (above + j * qv) < tau) {
                 j++;
             }
-            id = msv_gs_cut(cl, S, xk, z, n, c0, prefix, lo, bound, j);
+            id = msv_gs_cut(cl, S, xk, z, ix, nn, c0, prefix, lo, bound, j);
             xk += 2;
             q = ((uint64_t) (uint32_t) ~prefix << 32) | id;
             bound = q < bound ? q : bound;
@@ -856,9 +1021,9 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         float     zt = m;
 
         best = (double) m + msv_gumbel(msv_philox_bits(R.seed, R.t, amax));
-        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+        for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
             x = z[i];
-            id = c0 + i;
+            id = MSV_GS_ID(i);
             if (id == amax || (double) x + MSV_GUMBEL_MAX < best
                 || !msv_gs_in(x, id, lo, bound))
             {
@@ -908,9 +1073,9 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         uint32_t      tot, pre;
         double        L;
 
-        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+        for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
             x = z[i];
-            if (msv_gs_in(x, c0 + i, lo, bound)) {
+            if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
                 t = msv_lse_term((double) x - md);
                 lo64 += t;
                 hi += lo64 < t;
@@ -934,14 +1099,14 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             int32_t  *oi = out_ids + (size_t) ri * V + base;
             float    *ol = out_lps + (size_t) ri * V + base;
 
-            for (uint32_t t0 = 0; t0 < n; t0 += MSV_GS_THREADS) {
+            for (uint32_t t0 = 0; t0 < nn; t0 += MSV_GS_THREADS) {
                 i = t0 + threadIdx.x;
-                x = i < n ? z[i] : -INFINITY;
-                bool  p = i < n && msv_gs_in(x, c0 + i, lo, bound);
+                x = i < nn ? z[i] : -INFINITY;
+                bool  p = i < nn && msv_gs_in(x, MSV_GS_ID(i), lo, bound);
 
                 pre = msv_gs_scan(S, p, &tot);
                 if (p) {
-                    oi[pre] = (int32_t) (c0 + i);
+                    oi[pre] = (int32_t) (MSV_GS_ID(i));
                     if (R.mode == MSV_MASK_SUPPORT) {
                         ol[pre] = msv_lp((double) x - md, L);
                     }
@@ -959,16 +1124,16 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             nt = (uint64_t) R.logprobs < nS ? (uint32_t) R.logprobs
                                             : (uint32_t) nS;
             if (nt < nS) {
-                tb = msv_gs_select_k(cl, S, 4, xk, z, n, c0, lo, bound, nt);
+                tb = msv_gs_select_k(cl, S, 4, xk, z, ix, nn, c0, lo, bound, nt);
                 xk += 2;
             }
-            for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+            for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
                 x = z[i];
-                if (msv_gs_in(x, c0 + i, lo, tb)) {
+                if (msv_gs_in(x, MSV_GS_ID(i), lo, tb)) {
                     uint32_t  at = atomicAdd(&res[ri].top_fill, 1u);
 
                     top_key[(size_t) ri * max_lp + at] =
-                        msv_rank_key(x, c0 + i);
+                        msv_rank_key(x, MSV_GS_ID(i));
                     top_lp[(size_t) ri * max_lp + at] =
                         msv_lp((double) x - md, L);
                 }
@@ -1070,15 +1235,29 @@ msv_gs_pack_kernel(const struct msv_gs_row *rows,
     uint32_t                 i;
     uint8_t                 *p;
 
-    if (threadIdx.x == 0) {
-        uint64_t  s = 0;
+    {
+        __shared__ uint64_t  part[MSV_GS_PACK_THREADS / 32];
+        uint64_t             sum = 0;
 
-        for (i = 0; i < ri; i++) {
-            s += res[i].bytes;
+        for (i = threadIdx.x; i < ri; i += blockDim.x) {
+            sum += res[i].bytes;
         }
-        off_s = s;
+        for (int o = 16; o > 0; o >>= 1) {
+            sum += __shfl_down_sync(0xffffffffu, sum, o);
+        }
+        if ((threadIdx.x & 31) == 0) {
+            part[threadIdx.x >> 5] = sum;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            sum = 0;
+            for (i = 0; i < blockDim.x / 32; i++) {
+                sum += part[i];
+            }
+            off_s = sum;
+        }
+        __syncthreads();
     }
-    __syncthreads();
     p = pack + off_s;
 
     if (threadIdx.x == 0) {
@@ -1105,12 +1284,12 @@ msv_gs_pack_kernel(const struct msv_gs_row *rows,
     for (i = threadIdx.x; i < o.n_support; i += blockDim.x) {
         pi[i] = ids[(size_t) ri * V + i];
     }
-    if (o.n_lps == o.n_support) {
+    if (rows[ri].mode == MSV_MASK_SUPPORT) {
         for (i = threadIdx.x; i < o.n_lps; i += blockDim.x) {
             pl[i] = lps[(size_t) ri * V + i];
         }
     } else if (o.n_lps == 1 && threadIdx.x == 0) {
-        pl[0] = o.logprob;
+        pl[0] = o.logprob;      /* selected: the sampled token's */
     }
 
     if (o.n_top > 0) {
@@ -1219,6 +1398,12 @@ msv_gsampler_free(struct msv_gsampler *g)
     }
     if (g->ev1 != NULL) {
         cudaEventDestroy(g->ev1);
+    }
+    if (g->eva != NULL) {
+        cudaEventDestroy(g->eva);
+    }
+    if (g->evb != NULL) {
+        cudaEventDestroy(g->evb);
     }
     free(g->h_cookie);
     free(g->h_t);
@@ -1357,7 +1542,11 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
                                R * sizeof(msv_gs_setup))) != cudaSuccess
         || (e = cudaMallocHost((void **) &g->h_up, g->up_cap)) != cudaSuccess
         || (e = cudaEventCreate(&g->ev0)) != cudaSuccess
-        || (e = cudaEventCreate(&g->ev1)) != cudaSuccess)
+        || (e = cudaEventCreate(&g->ev1)) != cudaSuccess
+        || (e = cudaEventCreate(&g->eva)) != cudaSuccess
+        || (e = cudaEventCreate(&g->evb)) != cudaSuccess
+        /* unwritten scratch shows up as NaN, not as a plausible value */
+        || (e = cudaMemset(g->d_lps, 0xff, R * V * 4)) != cudaSuccess)
     {
         msv_gs_err(err, errlen, "host buffers", e);
         goto fail;
@@ -1599,12 +1788,14 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
                                cudaMemcpyHostToDevice, g->stream), "upload");
     MSV_GS_TRY(cudaMemsetAsync(g->d_res, 0, n * sizeof(msv_gs_res),
                                g->stream), "reset");
+    MSV_GS_TRY(cudaEventRecord(g->eva, g->stream), "event");
 
     msv_sample_kernel<<<n * MSV_GS_CLUSTER, MSV_GS_THREADS, g->smem,
                         g->stream>>>(logits, g->vocab, g->chunk, g->d_rows,
                                      g->st, g->d_ids, g->d_lps, g->d_topk,
                                      g->d_toplp, g->max_lp, g->d_res);
     MSV_GS_TRY(cudaGetLastError(), "sampling kernel");
+    MSV_GS_TRY(cudaEventRecord(g->evb, g->stream), "event");
 
     msv_gs_pack_kernel<<<n, MSV_GS_PACK_THREADS, 0, g->stream>>>(g->d_rows,
         g->d_res, g->vocab, g->d_ids, g->d_lps, g->d_topk, g->d_toplp,
@@ -1620,6 +1811,9 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
         return msv_gs_err(err, errlen, "sampling", e);
     }
     cudaEventElapsedTime(&g->last_ms, g->ev0, g->ev1);
+    cudaEventElapsedTime(&g->part_ms[0], g->ev0, g->eva);
+    cudaEventElapsedTime(&g->part_ms[1], g->eva, g->evb);
+    cudaEventElapsedTime(&g->part_ms[2], g->evb, g->ev1);
 
     g->h_off[0] = 0;
     for (i = 0; i < n; i++) {
@@ -1655,9 +1849,32 @@ msv_gsampler_copy(struct msv_gsampler *g, uint32_t first, uint32_t n,
 
 
 extern "C" float
-msv_gsampler_last_ms(const struct msv_gsampler *g)
+msv_gsampler_last_ms(const struct msv_gsampler *g, float parts[3])
 {
+    if (parts != NULL) {
+        memcpy(parts, g->part_ms, sizeof(g->part_ms));
+    }
     return g->last_ms;
+}
+
+
+extern "C" int
+msv_gsampler_clusters(const struct msv_gsampler *g)
+{
+    cudaLaunchConfig_t  cfg;
+    int                 n = 0;
+
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.gridDim = dim3(g->max_rows * MSV_GS_CLUSTER);
+    cfg.blockDim = dim3(MSV_GS_THREADS);
+    cfg.dynamicSmemBytes = g->smem;
+    if (cudaOccupancyMaxActiveClusters(&n, msv_sample_kernel, &cfg)
+        != cudaSuccess)
+    {
+        cudaGetLastError();
+        return -1;
+    }
+    return n;
 }
 
 

@@ -52,8 +52,12 @@ int msv_gsampler_run(struct msv_gsampler *g, float *logits,
 int msv_gsampler_copy(struct msv_gsampler *g, uint32_t first, uint32_t n,
     void *dst, char *err, size_t errlen);
 
-/* Milliseconds the last run spent in its kernels (CUDA events). */
-float msv_gsampler_last_ms(const struct msv_gsampler *g);
+/* Milliseconds the last run spent on the device (CUDA events), and in
+ * parts[3] (if not NULL): uploads, the sampling kernel, packing. */
+float msv_gsampler_last_ms(const struct msv_gsampler *g, float parts[3]);
+
+/* Clusters of the sampling kernel the device runs at once (-1: unknown). */
+int msv_gsampler_clusters(const struct msv_gsampler *g);
 
 /* Register host memory (the ring) so copies into it run as DMA at full
  * rate.  0, or -1 with err set. */
