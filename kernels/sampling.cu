@@ -462,9 +462,38 @@ msv_gs_bin_of_k(msv_gs_smem &S, uint64_t k)
     }
 }
 
-/* The id of element i of a block's slice: the slice itself, or the
- * candidates compacted to its front (ix: their offsets in the slice). */
-#define MSV_GS_ID(i)  (ix != NULL ? c0 + ix[i] : c0 + (i))
+/* Element i of a block's slice in use, its id and value: the slice
+ * itself, or its candidates (ix: their offsets in the slice, ascending). */
+#define MSV_GS_ID(i)   (ix != NULL ? c0 + ix[i] : c0 + (i))
+#define MSV_GS_VAL(i)  (ix != NULL ? z[ix[i]] : z[i])
+
+/* Exclusive prefix of v over the block's threads in order, and the
+ * block's total. */
+__device__ static uint32_t
+msv_gs_xscan(msv_gs_smem &S, uint32_t v, uint32_t *total)
+{
+    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5, inc = v, o;
+    uint32_t  base = 0, tot = 0, c;
+
+    for (int d = 1; d < 32; d <<= 1) {
+        o = __shfl_up_sync(0xffffffffu, inc, d);
+        if (lane >= (uint32_t) d) {
+            inc += o;
+        }
+    }
+    if (lane == 31) {
+        S.wsum[w] = inc;
+    }
+    __syncthreads();
+    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+        c = S.wsum[k];
+        base += k < w ? c : 0;
+        tot += c;
+    }
+    __syncthreads();
+    *total = tot;
+    return base + inc - v;
+}
 
 /* The support predicate on one logit. */
 __device__ static inline bool
@@ -562,7 +591,7 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
     uint64_t  cnt = 0, before = 0, owner = MSV_GS_CLUSTER;
 
     for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
-        float  x = z[i];
+        float  x = MSV_GS_VAL(i);
 
         cnt += msv_gs_in(x, MSV_GS_ID(i), lo, bound) && msv_fkey(x) == key;
     }
@@ -582,8 +611,9 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
 
         for (uint32_t t0 = 0; t0 < n; t0 += MSV_GS_THREADS) {
             i = t0 + threadIdx.x;
-            bool  p = i < n && msv_gs_in(z[i], MSV_GS_ID(i), lo, bound)
-                      && msv_fkey(z[i]) == key;
+            float x = i < n ? MSV_GS_VAL(i) : -INFINITY;
+            bool  p = i < n && msv_gs_in(x, MSV_GS_ID(i), lo, bound)
+                      && msv_fkey(x) == key;
 
             pre = msv_gs_scan(S, p, &tot);
             if (left <= tot) {
@@ -626,7 +656,7 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
         }
         __syncthreads();
         for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
-            float     x = z[i];
+            float     x = MSV_GS_VAL(i);
             uint32_t  u = msv_fkey(x);
 
             if (msv_gs_in(x, MSV_GS_ID(i), lo, bound) && (u & mask) == prefix) {
@@ -694,8 +724,41 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         m = -INFINITY;
         amax = UINT32_MAX;
         cnt = 0;
-#pragma unroll 4
-        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+        /* four at a time where the slice allows 16-byte loads; ids rise
+         * along each thread's elements either way */
+        const uint32_t  n4 = ((V & 3) == 0) ? n & ~3u : 0;
+
+#pragma unroll 2
+        for (i = threadIdx.x * 4; i < n4; i += MSV_GS_THREADS * 4) {
+            float4  v4 = *(const float4 *) (src + i);
+            float   e4[4] = { v4.x, v4.y, v4.z, v4.w };
+
+#pragma unroll
+            for (uint32_t l = 0; l < 4; l++) {
+                x = msv_clean(e4[l]);
+                if (pen) {
+                    id = c0 + i + l;
+                    if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
+                        x = msv_rep_penalty(x, R.rep);
+                    }
+                    if ((fl & MSV_GS_FREQ) && cn[id] > 0) {
+                        x = msv_freq_penalty(x, R.freq, cn[id], R.pres);
+                    }
+                }
+                if (temp != 1.0f) {
+                    x = msv_temp_div(x, temp);
+                }
+                z[i + l] = x;
+                if (x != -INFINITY) {
+                    cnt++;
+                    if (x > m) {
+                        m = x;
+                        amax = c0 + i + l;
+                    }
+                }
+            }
+        }
+        for (i = n4 + threadIdx.x; i < n; i += MSV_GS_THREADS) {
             x = msv_clean(src[i]);
             if (pen) {
                 id = c0 + i;
@@ -912,25 +975,27 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         }
 
         if (most <= MSV_GS_CAP) {
-            uint32_t  out = 0, tot, pre;
+            /* each thread a run of the slice: count, one scan, write */
+            const uint32_t  seg = (n + MSV_GS_THREADS - 1) / MSV_GS_THREADS;
+            const uint32_t  a0 = threadIdx.x * seg;
+            const uint32_t  a1 = a0 + seg < n ? a0 + seg : n;
+            uint32_t        c = 0, tot, at;
 
-            for (uint32_t t0 = 0; t0 < n; t0 += MSV_GS_THREADS) {
-                i = t0 + threadIdx.x;
-                x = i < n ? z[i] : -INFINITY;
-                bool  p = i < n && x >= lo && msv_gs_bin(m, x) <= bsel;
-
-                /* every read of this tile happens before the scan's
-                 * barrier, every write lands below the tile */
-                pre = msv_gs_scan(S, p, &tot);
-                if (p) {
-                    z[out + pre] = x;
-                    S.ix[out + pre] = (uint16_t) i;
+            for (i = a0; i < a1; i++) {
+                x = z[i];
+                c += x >= lo && msv_gs_bin(m, x) <= bsel;
+            }
+            at = msv_gs_xscan(S, c, &tot);
+            for (i = a0; i < a1 && c > 0; i++) {
+                x = z[i];
+                if (x >= lo && msv_gs_bin(m, x) <= bsel) {
+                    S.ix[at++] = (uint16_t) i;
+                    c--;
                 }
-                out += tot;
             }
             __syncthreads();
             ix = S.ix;
-            nn = out;
+            nn = tot;
         }
     }
 
@@ -951,7 +1016,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         const double  md = (double) m;
 
         for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-            x = z[i];
+            x = MSV_GS_VAL(i);
             if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
                 w += msv_weight((double) x - md);
             }
@@ -971,7 +1036,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             }
             __syncthreads();
             for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-                x = z[i];
+                x = MSV_GS_VAL(i);
                 uint32_t  u = msv_fkey(x);
 
                 if (msv_gs_in(x, MSV_GS_ID(i), lo, bound) && (u & mask) == prefix) {
@@ -1022,7 +1087,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
 
         best = (double) m + msv_gumbel(msv_philox_bits(R.seed, R.t, amax));
         for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-            x = z[i];
+            x = MSV_GS_VAL(i);
             id = MSV_GS_ID(i);
             if (id == amax || (double) x + MSV_GUMBEL_MAX < best
                 || !msv_gs_in(x, id, lo, bound))
@@ -1074,7 +1139,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         double        L;
 
         for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-            x = z[i];
+            x = MSV_GS_VAL(i);
             if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
                 t = msv_lse_term((double) x - md);
                 lo64 += t;
@@ -1101,7 +1166,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
 
             for (uint32_t t0 = 0; t0 < nn; t0 += MSV_GS_THREADS) {
                 i = t0 + threadIdx.x;
-                x = i < nn ? z[i] : -INFINITY;
+                x = i < nn ? MSV_GS_VAL(i) : -INFINITY;
                 bool  p = i < nn && msv_gs_in(x, MSV_GS_ID(i), lo, bound);
 
                 pre = msv_gs_scan(S, p, &tot);
@@ -1128,7 +1193,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                 xk += 2;
             }
             for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-                x = z[i];
+                x = MSV_GS_VAL(i);
                 if (msv_gs_in(x, MSV_GS_ID(i), lo, tb)) {
                     uint32_t  at = atomicAdd(&res[ri].top_fill, 1u);
 
