@@ -22,7 +22,7 @@ layout(struct msv_layout *lay)
     lay->n_slots = N_SLOTS;
     lay->n_readers = 4;
     lay->vocab_size = 1000;
-    lay->max_model_len = 32;
+    lay->max_model_len = 33;     /* a 32-token prompt fits, 33 does not */
     lay->max_logprobs = 5;
     lay->ring_bytes = 65536;
     lay->model = "m";
