@@ -567,7 +567,9 @@ msv_parse_int(const char *s, size_t len, int64_t *v)
         if (s[i] < '0' || s[i] > '9') {
             return -1;
         }
-        if (u <= (uint64_t) INT64_MAX) {
+        if (u > (uint64_t) INT64_MAX / 10) {
+            u = (uint64_t) INT64_MAX + 1;       /* above int64: saturated */
+        } else {
             u = u * 10 + (uint64_t) (s[i] - '0');
         }
     }
@@ -611,16 +613,20 @@ msv_parse_double(const char *s, size_t len, double *v)
 }
 
 
+/* The bounds as floats hold them: 1e-5 is accepted, as the float it is
+ * stored as, and so is that float on the sampler's side. */
 static int
 msv_float_ok(const struct msv_param_rule *r, double x)
 {
+    double  lo = (double) (float) r->fmin, hi = (double) (float) r->fmax;
+
     if (r->zero_ok && x == 0.0) {
         return 1;
     }
-    if (r->fmin_open ? !(x > r->fmin) : !(x >= r->fmin)) {
+    if (r->fmin_open ? !(x > lo) : !(x >= lo)) {
         return 0;
     }
-    return x <= r->fmax;
+    return x <= hi;
 }
 
 
