@@ -21,6 +21,15 @@
 #define MSV_OFF(f)    ((uint16_t) offsetof(struct msv_params, f))
 #define MSV_NO_MAX    INT64_MAX
 
+/* the setters store scalar fields through 4-byte types */
+#define MSV_IS4(f)    (sizeof(((struct msv_params *) 0)->f) == 4)
+_Static_assert(MSV_IS4(max_tokens) && MSV_IS4(min_tokens)
+               && MSV_IS4(temperature) && MSV_IS4(top_p) && MSV_IS4(min_p)
+               && MSV_IS4(top_k) && MSV_IS4(repetition_penalty)
+               && MSV_IS4(presence_penalty) && MSV_IS4(frequency_penalty)
+               && MSV_IS4(ignore_eos) && MSV_IS4(logprobs),
+               "struct msv_params: scalar fields of 4 bytes");
+
 
 const struct msv_param_rule  msv_param_rules[] = {
     { "max_tokens", "sampling_params.max_tokens", MSV_PK_UINT, 0, 0,
@@ -210,6 +219,7 @@ msv_param_set_null(struct msv_params *p, const struct msv_param_rule *r)
     case MSV_PK_INT:
     case MSV_PK_FLOAT:
     case MSV_PK_BOOL:
+        /* every scalar field is 4 bytes */
         msv_params_init(&d);
         memcpy((char *) p + r->offset, (char *) &d + r->offset, 4);
         break;
@@ -444,7 +454,7 @@ msv_check(const struct msv_params *p, const struct msv_bias *bias,
 
     if (whole && p->min_tokens > p->max_tokens) {
         msv_err(err, "sampling_params.min_tokens %u exceeds max_tokens %u "
-                "(%u is the default: send max_tokens as well)",
+                "(max_tokens is %u when absent: the default)",
                 p->min_tokens, p->max_tokens, MSV_DEFAULT_MAX_TOKENS);
         return "sampling_params.min_tokens";
     }

@@ -8,8 +8,9 @@
  * set fields from JSON text with msv_param_set_*() and check the request
  * with msv_params_check() and msv_prompt_check() before they submit;
  * msv_slot_submit() and the worker's admission check it again (a slot is
- * written by another process); the sampler runs msv_params_check() on
- * every token, which costs a few compares plus the bias and stop entries.
+ * written by another process); the sampler runs
+ * msv_params_check_sampling() on every token, which costs a few compares
+ * plus the bias and stop entries.
  * docs/API.md and docs/SAMPLER.md section 7 state the ranges.
  *
  * Every error is one line that names the JSON field
