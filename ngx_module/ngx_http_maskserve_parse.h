@@ -5,8 +5,9 @@
  * Parsing checks syntax, types and every range that does not depend on
  * the model; ngx_http_maskserve_check_generate then checks what does
  * (vocabulary, context length, logprobs) against the region the request
- * is about to be admitted to.  Every failure fills an error naming the
- * field ("param") it is about.
+ * is about to be admitted to.  The rules of sampling_params are
+ * shm/msv_params.h's.  Every failure fills an error naming the field
+ * ("param") it is about.
  */
 
 #ifndef NGX_HTTP_MASKSERVE_PARSE_H
@@ -28,7 +29,6 @@ typedef struct {
     struct msv_params    params;         /* mask_mode and logprobs set */
     struct msv_bias     *bias;           /* params.n_bias entries */
     unsigned             stream:1;
-    unsigned             max_tokens_set:1;
     unsigned             prompt_set:1;
 } ngx_http_maskserve_gen_t;
 
@@ -40,7 +40,8 @@ ngx_int_t ngx_http_maskserve_parse_generate(ngx_http_request_t *r,
 /*
  * The checks that need the model: token ids and stop ids below the
  * vocabulary, prompt length, logprobs, the support cap; clips max_tokens
- * to the context.  NGX_OK, or NGX_ERROR with err filled.
+ * (and min_tokens) to the context and top_k to the vocabulary.  NGX_OK,
+ * or NGX_ERROR with err filled.
  */
 ngx_int_t ngx_http_maskserve_check_generate(ngx_http_request_t *r,
     ngx_http_maskserve_gen_t *g, struct msv_ctrl *c,
@@ -50,7 +51,7 @@ ngx_int_t ngx_http_maskserve_check_generate(ngx_http_request_t *r,
 ngx_int_t ngx_http_maskserve_parse_abort(ngx_http_request_t *r,
     ngx_str_t *id, ngx_http_maskserve_err_t *err);
 
-/* A request id is 1..MSV_REQ_ID_MAX of [A-Za-z0-9._:-]. */
+/* A request id is 1..MSV_REQ_ID_MAX of [A-Za-z0-9._:-], not . or .. */
 ngx_int_t ngx_http_maskserve_id_valid(u_char *p, size_t len);
 
 

@@ -12,6 +12,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "msv_params.h"
 #include "msv_region.h"
 #include "msv_slots.h"
 
@@ -165,12 +166,15 @@ msv_slot_submit(struct msv_ctrl *c, uint32_t i, const char *request_id,
     const struct msv_params *params, const int32_t *prompt,
     uint32_t n_prompt, const struct msv_bias *bias)
 {
-    size_t            n;
-    uint64_t          w, cookie;
-    struct msv_slot  *s;
+    size_t             n;
+    uint64_t           w, cookie;
+    struct msv_slot   *s;
+    struct msv_limits  lim;
 
-    if (i >= c->n_slots || n_prompt > c->max_model_len
-        || params->n_bias > MSV_MAX_BIAS)
+    /* the rules the worker applies again when it admits the slot */
+    msv_limits_of(c, &lim);
+    if (i >= c->n_slots || msv_prompt_check(prompt, n_prompt, &lim, NULL)
+        || msv_params_check(params, bias, &lim, NULL))
     {
         return 0;
     }

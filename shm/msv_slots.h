@@ -22,9 +22,10 @@ void msv_slot_unclaim(struct msv_ctrl *c, uint32_t i);
 /*
  * Reader: fill a claimed slot and publish it (SUBMITTED, release).
  * Returns the request's cookie (never 0), or 0 when the slot is not
- * CLAIMED by this process or n_prompt / params->n_bias exceed the
- * region's limits.  The caller then kicks the worker's eventfd.  Checks
- * nothing else: validate the parameters before.
+ * CLAIMED by this process or the request breaks the rules of
+ * msv_params.h against the region's model (msv_prompt_check,
+ * msv_params_check: check with them first to say why).  The caller then
+ * kicks the worker's eventfd.
  */
 uint64_t msv_slot_submit(struct msv_ctrl *c, uint32_t i,
     const char *request_id, const struct msv_params *params,

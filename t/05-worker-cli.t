@@ -213,6 +213,36 @@ close $fh;
 is($rc, 2, 'malformed request line: exit 2');
 like(`cat $dir/cli.err`, qr/bad\.jsonl:1:/, 'error names file and line');
 
+# parameters outside the rules the HTTP API applies (shm/msv_params.h):
+# one line naming the file, the line and the field
+for my $c (['"temperature": 1e-38', 'temperature'], ['"logit_bias": {"5": 1e15}', 'logit_bias'],
+           ['"repetition_penalty": 1e-40', 'repetition_penalty'],
+           ['"min_tokens": 17', 'min_tokens'], ['"top_p": "x"', 'top_p'])
+{
+    my ($sp, $field) = @$c;
+    open $fh, '>', "$dir/bad.jsonl" or die;
+    print $fh "{\"token_ids\": [1, 2], \"sampling_params\": {\"max_tokens\": 2}}\n";
+    print $fh "{\"token_ids\": [1, 2], \"sampling_params\": {$sp}}\n";
+    close $fh;
+    ($rc) = cli("--requests $dir/bad.jsonl");
+    my $err = `cat $dir/cli.err`;
+    ok($rc == 2 && $err =~ /^maskserve-cli: \S*bad\.jsonl:2: sampling_params\.$field /
+       && $err =~ tr/\n// == 1, "cli refuses $sp: exit 2, one line naming it")
+        or diag("rc $rc: $err");
+}
+{
+    open $fh, '>', "$dir/big.jsonl" or die;
+    print $fh '{"request_id": "big", "token_ids": [1, 2], "sampling_params": '
+            . '{"max_tokens": 9223372036854775807, "top_k": 99999999999, "ignore_eos": true}}' . "\n";
+    close $fh;
+    my $out;
+    ($rc, $out) = cli("--requests $dir/big.jsonl --timeout 60");
+    my ($done) = grep { $_->{done} } map { decode_json($_) } grep { /\S/ } split /\n/, $out;
+    ok($rc == 0 && $done && $done->{completion_tokens} == 510 && $done->{finish} eq 'length',
+       'cli: max_tokens 2^63-1 runs to the end of the context (510 tokens)')
+        or diag("rc $rc: " . `cat $dir/cli.err`);
+}
+
 kill 'TERM', $pid;
 waitpid($pid, 0);
 is($? >> 8, 0, 'worker exits 0 on SIGTERM');

@@ -38,6 +38,7 @@
 #include <yajl/yajl_tree.h>
 
 #include "../shm/msv_link.h"
+#include "../shm/msv_params.h"
 #include "../shm/msv_region.h"
 #include "../shm/msv_ring.h"
 #include "../shm/msv_slots.h"
@@ -83,14 +84,74 @@ cli_fail(const char *file, unsigned line, const char *msg)
 }
 
 
-static int
-cli_num(yajl_val v, double *out)
+/* A number's literal, as the parameter rules read it. */
+static const char *
+cli_lit(yajl_val v)
 {
-    if (v == NULL || !YAJL_IS_NUMBER(v)) {
-        return -1;
+    return v != NULL && YAJL_IS_NUMBER(v) && v->u.number.r != NULL
+           ? v->u.number.r : NULL;
+}
+
+
+/* One field of sampling_params, by the rules of shm/msv_params.h. */
+static int
+cli_param(struct cli_req *r, const struct msv_param_rule *rule, yajl_val e,
+    char *err)
+{
+    size_t       j;
+    const char  *lit;
+
+    if (YAJL_IS_NULL(e)) {
+        msv_param_set_null(&r->p, rule);
+        return 0;
     }
-    *out = YAJL_GET_DOUBLE(v);
-    return 0;
+    if (YAJL_IS_TRUE(e) || YAJL_IS_FALSE(e)) {
+        return msv_param_set_bool(&r->p, rule, YAJL_IS_TRUE(e), err);
+    }
+    if ((lit = cli_lit(e)) != NULL) {
+        return msv_param_set_number(&r->p, rule, lit, strlen(lit), err);
+    }
+    if (rule->kind == MSV_PK_STOP && YAJL_IS_ARRAY(e)) {
+        for (j = 0; j < e->u.array.len; j++) {
+            lit = cli_lit(e->u.array.values[j]);
+            if (lit == NULL) {
+                return msv_param_wrong_type(rule, "an array holding other "
+                                            "than numbers", err);
+            }
+            if (msv_param_add_stop(&r->p, lit, strlen(lit), err) != 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
+    if (rule->kind == MSV_PK_BIAS && YAJL_IS_OBJECT(e)) {
+        if (e->u.object.len > MSV_MAX_BIAS) {
+            snprintf(err, MSV_PARAM_ERR_MAX, "%s has more than %d entries",
+                     rule->param, MSV_MAX_BIAS);
+            return -1;
+        }
+        for (j = 0; j < e->u.object.len; j++) {
+            const char       *key = e->u.object.keys[j];
+            struct msv_bias  *b = &r->bias[r->p.n_bias];
+
+            lit = cli_lit(e->u.object.values[j]);
+            if (msv_param_bias_id(key, strlen(key), &b->id, err) != 0) {
+                return -1;
+            }
+            if (lit == NULL) {
+                return msv_param_wrong_type(rule, "an object holding other "
+                                            "than numbers", err);
+            }
+            if (msv_param_bias_value(lit, strlen(lit), &b->value, err) != 0) {
+                return -1;
+            }
+            r->p.n_bias++;
+        }
+        return 0;
+    }
+    return msv_param_wrong_type(rule, YAJL_IS_STRING(e) ? "a string"
+                                : YAJL_IS_ARRAY(e) ? "an array"
+                                : "an object", err);
 }
 
 
@@ -99,11 +160,12 @@ static int
 cli_parse(struct msv_ctrl *c, const char *file, unsigned line, char *text,
     struct cli_req *r, unsigned seq)
 {
-    char         ebuf[256];
-    double       d;
-    size_t       i;
-    yajl_val     root, v, sp, e;
-    const char  *mode;
+    char                          ebuf[256], err[MSV_PARAM_ERR_MAX];
+    size_t                        i;
+    yajl_val                      root, v, sp;
+    const char                   *mode, *lit;
+    struct msv_limits             lim;
+    const struct msv_param_rule  *rule;
     const char  *ids_path[] = { "token_ids", NULL };
     const char  *sp_path[] = { "sampling_params", NULL };
     const char  *id_path[] = { "request_id", NULL };
@@ -112,15 +174,12 @@ cli_parse(struct msv_ctrl *c, const char *file, unsigned line, char *text,
 
     memset(r, 0, sizeof(*r));
     r->slot = -1;
-    r->p.max_tokens = 16;
-    r->p.temperature = 1.0f;
-    r->p.top_p = 1.0f;
-    r->p.top_k = -1;
-    r->p.repetition_penalty = 1.0f;
-    r->p.logprobs = -1;
+    msv_params_init(&r->p);
+    msv_limits_of(c, &lim);
 
     root = yajl_tree_parse(text, ebuf, sizeof(ebuf));
     if (root == NULL || !YAJL_IS_OBJECT(root)) {
+        yajl_tree_free(root);
         return cli_fail(file, line, "not a JSON object");
     }
 
@@ -146,13 +205,15 @@ cli_parse(struct msv_ctrl *c, const char *file, unsigned line, char *text,
         return cli_fail(file, line, "out of memory");
     }
     for (i = 0; i < r->n_prompt; i++) {
-        if (cli_num(v->u.array.values[i], &d) || d < 0 || d >= c->vocab_size
-            || d != floor(d))
-        {
+        lit = cli_lit(v->u.array.values[i]);
+        if (lit == NULL) {
             yajl_tree_free(root);
-            return cli_fail(file, line, "token_ids: id out of range");
+            return cli_fail(file, line, "token_ids: an array of token ids");
         }
-        r->prompt[i] = (int32_t) d;
+        if (msv_param_token(lit, strlen(lit), &r->prompt[i], err) != 0) {
+            yajl_tree_free(root);
+            return cli_fail(file, line, err);
+        }
     }
 
     v = yajl_tree_get(root, mask_path, yajl_t_any);
@@ -171,102 +232,28 @@ cli_parse(struct msv_ctrl *c, const char *file, unsigned line, char *text,
         }
     }
 
+    /* unknown keys are ignored, as the HTTP API ignores them */
     sp = yajl_tree_get(root, sp_path, yajl_t_object);
     for (i = 0; sp != NULL && i < sp->u.object.len; i++) {
         const char  *k = sp->u.object.keys[i];
 
-        e = sp->u.object.values[i];
-        if (YAJL_IS_NULL(e)) {
-            continue;
-        }
-
-        if (strcmp(k, "stop_token_ids") == 0 && YAJL_IS_ARRAY(e)) {
-            size_t  j;
-
-            if (e->u.array.len > MSV_MAX_STOP) {
-                yajl_tree_free(root);
-                return cli_fail(file, line, "stop_token_ids: too many");
-            }
-            for (j = 0; j < e->u.array.len; j++) {
-                if (cli_num(e->u.array.values[j], &d) || d < 0
-                    || d >= c->vocab_size)
-                {
-                    yajl_tree_free(root);
-                    return cli_fail(file, line, "stop_token_ids: bad id");
-                }
-                r->p.stop_ids[r->p.n_stop++] = (int32_t) d;
-            }
-            continue;
-        }
-
-        if (strcmp(k, "logit_bias") == 0 && YAJL_IS_OBJECT(e)) {
-            size_t  j;
-
-            if (e->u.object.len > MSV_MAX_BIAS) {
-                yajl_tree_free(root);
-                return cli_fail(file, line, "logit_bias: too many entries");
-            }
-            for (j = 0; j < e->u.object.len; j++) {
-                char  *end;
-                long   id = strtol(e->u.object.keys[j], &end, 10);
-
-                if (*end || id < 0 || id >= (long) c->vocab_size
-                    || cli_num(e->u.object.values[j], &d))
-                {
-                    yajl_tree_free(root);
-                    return cli_fail(file, line, "logit_bias: bad entry");
-                }
-                r->bias[r->p.n_bias].id = (int32_t) id;
-                r->bias[r->p.n_bias++].value = (float) d;
-            }
-            continue;
-        }
-
-        if (strcmp(k, "ignore_eos") == 0) {
-            r->p.ignore_eos = YAJL_IS_TRUE(e);
-            continue;
-        }
-
-        if (cli_num(e, &d)) {
+        rule = msv_param_find(k, strlen(k));
+        if (rule != NULL
+            && cli_param(r, rule, sp->u.object.values[i], err) != 0)
+        {
             yajl_tree_free(root);
-            return cli_fail(file, line, "sampling_params: non-numeric value");
-        }
-
-        if (strcmp(k, "max_tokens") == 0) {
-            r->p.max_tokens = (uint32_t) d;
-        } else if (strcmp(k, "min_tokens") == 0) {
-            r->p.min_tokens = (uint32_t) d;
-        } else if (strcmp(k, "temperature") == 0) {
-            r->p.temperature = (float) d;
-        } else if (strcmp(k, "top_p") == 0) {
-            r->p.top_p = (float) d;
-        } else if (strcmp(k, "top_k") == 0) {
-            r->p.top_k = (int32_t) d;
-        } else if (strcmp(k, "min_p") == 0) {
-            r->p.min_p = (float) d;
-        } else if (strcmp(k, "seed") == 0) {
-            r->p.has_seed = 1;
-            r->p.seed = (uint64_t) YAJL_GET_INTEGER(e);
-        } else if (strcmp(k, "repetition_penalty") == 0) {
-            r->p.repetition_penalty = (float) d;
-        } else if (strcmp(k, "presence_penalty") == 0) {
-            r->p.presence_penalty = (float) d;
-        } else if (strcmp(k, "frequency_penalty") == 0) {
-            r->p.frequency_penalty = (float) d;
-        } else if (strcmp(k, "logprobs") == 0) {
-            r->p.logprobs = (int32_t) d;
+            return cli_fail(file, line, err);
         }
     }
 
     yajl_tree_free(root);
 
-    if (r->p.max_tokens == 0 || r->p.temperature < 0 || r->p.top_p <= 0
-        || r->p.top_p > 1 || r->p.min_p < 0 || r->p.min_p > 1
-        || r->p.repetition_penalty <= 0
-        || r->p.logprobs > (int32_t) c->max_logprobs)
+    if (msv_prompt_check(r->prompt, r->n_prompt, &lim, err) != NULL
+        || msv_params_check(&r->p, r->bias, &lim, err) != NULL)
     {
-        return cli_fail(file, line, "sampling_params: value out of range");
+        return cli_fail(file, line, err);
     }
+    msv_params_fit(&r->p, r->n_prompt, &lim);
 
     return 0;
 }

@@ -88,15 +88,16 @@ http {
 
     maskserve_redis  127.0.0.1:$REDIS_PORT;
 
+    # as docs/nginx.conf: bodies up to 4 MiB, kept in memory
+    client_max_body_size     4m;
+    client_body_buffer_size  4m;
+
     server {
         listen  127.0.0.1:$PORT;
 
-        # nginx answers 413 before the module runs: give it a JSON body
-        error_page 413 @maskserve_413;
-        location @maskserve_413 {
-            default_type application/json;
-            return 413 '{"error":{"message":"the request body is larger than client_max_body_size","type":"invalid_request_error","param":null,"code":413}}\n';
-        }
+        # errors nginx answers itself (bad framing, 404, 413, ...) in the
+        # API's JSON shape
+        include  $root/docs/nginx-errors.conf;
 
         location = /inference/v1/generate {
             maskserve_generate;

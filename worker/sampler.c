@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "msv_params.h"
 #include "sample_contract.h"
 #include "sampler.h"
 
@@ -385,69 +386,25 @@ msv_ids_valid(struct msv_sampler *s, const int32_t *ids, uint32_t n,
 }
 
 
+/*
+ * The rules of shm/msv_params.h, which every request passed when it was
+ * admitted: here a few compares plus the bias and stop entries, cheap
+ * beside the pass over the vocabulary, so a caller that skipped
+ * admission (a test, a benchmark) still cannot get a row out of range.
+ */
 static int
 msv_sample_valid(struct msv_sampler *s, const struct msv_sample_req *rq)
 {
-    uint32_t                  i;
+    char                      err[MSV_PARAM_ERR_MAX];
+    struct msv_limits         lim;
     const struct msv_params  *p = rq->p;
 
-    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature)) {
-        return msv_fail(s, "sampler: temperature %g is not a finite "
-                        "value >= 0", (double) p->temperature);
-    }
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) {
-        return msv_fail(s, "sampler: top_p %g not in (0, 1]",
-                        (double) p->top_p);
-    }
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) {
-        return msv_fail(s, "sampler: min_p %g not in [0, 1]",
-                        (double) p->min_p);
-    }
-    if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty)) {
-        return msv_fail(s, "sampler: repetition_penalty %g is not a finite "
-                        "value > 0", (double) p->repetition_penalty);
-    }
-    if (!isfinite(p->presence_penalty)) {
-        return msv_fail(s, "sampler: presence_penalty %g is not finite",
-                        (double) p->presence_penalty);
-    }
-    if (!isfinite(p->frequency_penalty)) {
-        return msv_fail(s, "sampler: frequency_penalty %g is not finite",
-                        (double) p->frequency_penalty);
-    }
-    if (p->mask_mode > MSV_MASK_SUPPORT) {
-        return msv_fail(s, "sampler: mask_mode %u unknown", p->mask_mode);
-    }
-    if (p->logprobs < -1 || p->logprobs > MSV_MAX_LOGPROBS) {
-        return msv_fail(s, "sampler: logprobs %d not in [-1, %d]",
-                        p->logprobs, MSV_MAX_LOGPROBS);
-    }
+    lim.vocab_size = s->vocab;
+    lim.max_model_len = 0;
+    lim.max_logprobs = 0;
 
-    if (p->n_bias > MSV_MAX_BIAS) {
-        return msv_fail(s, "sampler: n_bias %u above %d", p->n_bias,
-                        MSV_MAX_BIAS);
-    }
-    if (p->n_bias > 0 && rq->bias == NULL) {
-        return msv_fail(s, "sampler: n_bias %u but no bias array",
-                        p->n_bias);
-    }
-    for (i = 0; i < p->n_bias; i++) {
-        if (rq->bias[i].id < 0 || (uint32_t) rq->bias[i].id >= s->vocab) {
-            return msv_fail(s, "sampler: logit_bias[%u].id = %d not in "
-                            "[0, %u)", i, rq->bias[i].id, s->vocab);
-        }
-        if (!isfinite(rq->bias[i].value)) {
-            return msv_fail(s, "sampler: logit_bias[%u].value is not "
-                            "finite", i);
-        }
-    }
-
-    if (p->n_stop > MSV_MAX_STOP) {
-        return msv_fail(s, "sampler: n_stop %u above %d", p->n_stop,
-                        MSV_MAX_STOP);
-    }
-    if (msv_ids_valid(s, p->stop_ids, p->n_stop, "stop_token_ids") != 0) {
-        return -1;
+    if (msv_params_check_sampling(p, rq->bias, &lim, err) != NULL) {
+        return msv_fail(s, "sampler: %s", err);
     }
     if (rq->n_eos > MSV_MAX_EOS || (rq->n_eos > 0 && rq->eos == NULL)) {
         return msv_fail(s, "sampler: n_eos %u (at most %d, with an array)",

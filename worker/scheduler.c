@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../shm/msv_params.h"
 #include "../shm/msv_region.h"
 #include "../shm/msv_ring.h"
 #include "../shm/msv_slots.h"
@@ -292,41 +293,28 @@ msv_sched_finish(struct msv_sched *s, uint32_t slot, uint32_t from,
 static int
 msv_sched_valid(struct msv_sched *s, struct msv_slot *sl)
 {
-    const struct msv_params  *p = &sl->params;
-    const int32_t            *prompt = msv_slot_prompt(s->c, sl);
-    const struct msv_bias    *b = msv_slot_bias(s->c, sl);
-    uint32_t                  i;
+    char                  err[MSV_PARAM_ERR_MAX];
+    const char           *param;
+    struct msv_limits     lim;
 
-    if (sl->n_prompt == 0 || sl->n_prompt >= s->max_len
-        || p->max_tokens == 0 || p->n_stop > MSV_MAX_STOP
-        || p->n_bias > MSV_MAX_BIAS || p->mask_mode > MSV_MASK_SUPPORT
-        || p->logprobs > (int32_t) s->c->max_logprobs || p->logprobs < -1
-        || !(p->temperature >= 0.0f) || !isfinite(p->temperature)
-        || !(p->top_p > 0.0f && p->top_p <= 1.0f)
-        || !(p->min_p >= 0.0f && p->min_p <= 1.0f)
-        || !(p->repetition_penalty > 0.0f)
-        || !isfinite(p->repetition_penalty)
-        || !isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
-    {
+    /*
+     * The rules the reader applied before it submitted (shm/msv_params.h),
+     * again: the slot was written by another process.  Once admitted, the
+     * request is not checked again but for the sampler's cheap test.
+     */
+    msv_limits_of(s->c, &lim);
+    lim.vocab_size = s->vocab;
+    lim.max_model_len = s->max_len;
+
+    param = msv_prompt_check(msv_slot_prompt(s->c, sl), sl->n_prompt, &lim,
+                             err);
+    if (param == NULL) {
+        param = msv_params_check(&sl->params, msv_slot_bias(s->c, sl), &lim,
+                                 err);
+    }
+    if (param != NULL) {
+        msv_warn("request \"%s\": %s", sl->request_id, err);
         return 0;
-    }
-
-    for (i = 0; i < sl->n_prompt; i++) {
-        if (prompt[i] < 0 || (uint32_t) prompt[i] >= s->vocab) {
-            return 0;
-        }
-    }
-    for (i = 0; i < p->n_stop; i++) {
-        if (p->stop_ids[i] < 0 || (uint32_t) p->stop_ids[i] >= s->vocab) {
-            return 0;
-        }
-    }
-    for (i = 0; i < p->n_bias; i++) {
-        if (b[i].id < 0 || (uint32_t) b[i].id >= s->vocab
-            || !isfinite(b[i].value))
-        {
-            return 0;
-        }
     }
 
     return 1;

@@ -22,7 +22,7 @@ layout(struct msv_layout *lay)
     lay->n_slots = N_SLOTS;
     lay->n_readers = 4;
     lay->vocab_size = 1000;
-    lay->max_model_len = 32;
+    lay->max_model_len = 33;     /* a 32-token prompt fits, 33 does not */
     lay->max_logprobs = 5;
     lay->ring_bytes = 65536;
     lay->model = "m";
@@ -127,6 +127,30 @@ test_cycle(struct msv_ctrl *c)
     p.n_bias = MSV_MAX_BIAS + 1;
     tap_ok(msv_slot_submit(c, i, "x", &p, prompt, 1, bias) == 0,
            "cycle: too many bias entries -> 0");
+
+    /* the parameter rules of msv_params.h, against the region's model */
+    params(&p, 3);
+    p.temperature = 1e-38f;
+    tap_ok(msv_slot_submit(c, i, "x", &p, prompt, 1, bias) == 0,
+           "cycle: temperature 1e-38 -> 0");
+    params(&p, 3);
+    bias[0].value = 1e15f;
+    tap_ok(msv_slot_submit(c, i, "x", &p, prompt, 1, bias) == 0,
+           "cycle: a bias of 1e15 -> 0");
+    bias[0].value = 1.5f;
+    p.min_tokens = 17;
+    tap_ok(msv_slot_submit(c, i, "x", &p, prompt, 1, bias) == 0,
+           "cycle: min_tokens above max_tokens -> 0");
+    params(&p, 3);
+    p.logprobs = 6;
+    tap_ok(msv_slot_submit(c, i, "x", &p, prompt, 1, bias) == 0,
+           "cycle: logprobs above the region's max_logprobs -> 0");
+    params(&p, 3);
+    prompt[0] = 1000;
+    tap_ok(msv_slot_submit(c, i, "x", &p, prompt, 1, bias) == 0
+           && msv_slot_state(c, i) == MSV_SLOT_CLAIMED,
+           "cycle: a prompt id == vocab -> 0, still CLAIMED");
+    prompt[0] = 100;
     msv_slot_unclaim(c, i);
     params(&p, 0);
 

@@ -284,12 +284,8 @@ $workers$redis$http
     server {
         listen 127.0.0.1:$self->{port};
 
-        error_page 413 \@maskserve_413;
-
-        location \@maskserve_413 {
-            default_type application/json;
-            return 413 '{"error":{"message":"the request body is larger than client_max_body_size","type":"invalid_request_error","param":null,"code":413}}\n';
-        }
+        # the shipped JSON error pages, as docs/nginx.conf and make run
+        include $ROOT/docs/nginx-errors.conf;
 
         location = /inference/v1/generate {
             maskserve_generate;
