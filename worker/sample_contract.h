@@ -238,11 +238,14 @@ msv_lse_log(uint64_t hi, uint64_t lo)
 
 /* The logprob of a token d = z' - max below the top, over the support
  * whose msv_lse_log is L.  Computed from d, not from z' - (max + L), so a
- * huge max loses nothing. */
+ * huge max loses nothing; a token further below the max than a float
+ * reaches (FLT_MAX next to -FLT_MAX) gets -FLT_MAX, never -inf. */
 MSV_HD float
 msv_lp(double d, double L)
 {
-    return (float) (d - L);
+    double  v = d - L;
+
+    return v < -FLT_MAX ? -FLT_MAX : (float) v;
 }
 
 

@@ -12,7 +12,8 @@ package MsvTest;
 #   my $r = $t->generate({ token_ids => [1, 2], ... });
 #   MsvTest::check_choice($t, $req, $r->{json}{choices}[0]);
 #
-# Binaries come from $MSV_BUILD (default: build/ in the repository).
+# Binaries come from $MSV_BUILD (default: build/ in the repository); the
+# worker runs on the CPU backend unless $MSV_BACKEND names another.
 
 use strict;
 use warnings;
@@ -120,7 +121,7 @@ sub start_worker {
     my $name = $o{name} // sprintf("msvt-%d-%d", $$, ++$self->{seq});
     my $log = "$self->{dir}/worker-$name.log";
     my @args = ('--dummy', $o{model} // 'tiny', '--shm', $name,
-                '--backend', 'cpu',
+                '--backend', $ENV{MSV_BACKEND} // 'cpu',
                 '--max-num-seqs', $o{slots} // 64,
                 '--max-model-len', $o{max_model_len} // 512,
                 '--threads', $o{threads} // 1,
