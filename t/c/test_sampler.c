@@ -765,6 +765,25 @@ test_known(void)
            && o.lps[0] == 0.0f && o.logprob == 0.0f && o.n_top == 1
            && o.top[0].id == 5, "greedy: lowest id of the tied max, |S| 1");
 
+    /* +inf (FLT_MAX) beside -FLT_MAX: every logprob is a float, the
+     * far one -FLT_MAX, and the support still sums to 1 */
+    for (i = 0; i < 16; i++) {
+        z[i] = i == 2 ? INFINITY : (i == 7 ? -FLT_MAX : 0.0f);
+    }
+    p.temperature = 1.0f;
+    p.logprobs = -1;
+    rc = msv_sample(s, z, &rq, &o);
+    {
+        int  fin = rc == 0 && o.n_support == 16;
+
+        for (i = 0; fin && i < 16; i++) {
+            fin = isfinite(o.lps[i]) && (i != 7 || o.lps[i] == -FLT_MAX);
+        }
+        tap_ok(fin && o.token == 2 && o.lps[2] == 0.0f,
+               "FLT_MAX beside -FLT_MAX: every support logprob finite");
+    }
+    p.logprobs = 3;
+
     /* top_k at a tie boundary keeps the lower ids */
     for (i = 0; i < 16; i++) {
         z[i] = i < 6 ? 3.0f : 0.0f;
