@@ -1,0 +1,37 @@
+#!/bin/bash
+# gpu_tests.sh: the whole test suite on a GPU machine, the worker on the
+# CUDA backend (with the device sampler): every C test (test_gpu_sampler
+# runs instead of skipping) and every end-to-end test in t/ (real nginx,
+# redis-server and worker; MSV_BACKEND=cuda).
+#
+# Like gpu_e2e.sh it needs no Debian packages installed: it unpacks
+# .debs/*.deb (apt-get download nginx libhiredis0.14 libyajl2 libyajl-dev
+# redis-server redis-tools liblzf1 libjemalloc2) and loads
+# .debs/ngx_http_maskserve_module.so, the module built on a Debian machine
+# (make module; build/nginx/src/objs/ngx_http_maskserve_module.so).
+#
+# Output: $OUT (or build-gpu/out)/gpu_tests.log.
+
+set -eu -o pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-build-gpu/out}
+B=${B:-build-gpu}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_tests.log") 2>&1
+
+deb=/tmp/msv-deb
+mkdir -p "$deb"
+for f in .debs/*.deb; do dpkg -x "$f" "$deb"; done
+lib=$deb/usr/lib/x86_64-linux-gnu
+export CPPFLAGS="-I$deb/usr/include" LDFLAGS="-L$lib" LD_LIBRARY_PATH="$lib"
+
+echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader), $(nproc) cores"
+make -j"$(nproc)" B="$B" bins > "$OUT/build.log" 2>&1 \
+    || { tail -30 "$OUT/build.log"; exit 1; }
+mkdir -p "$B/nginx/src/objs"
+cp .debs/ngx_http_maskserve_module.so "$B/nginx/src/objs/"
+
+export MSV_BUILD=$PWD/$B MSV_BACKEND=cuda
+export MSV_NGINX=$deb/usr/sbin/nginx MSV_REDIS=$deb/usr/bin/redis-server
+prove -j"${JOBS:-1}" $(ls "$B"/t/test_* | grep -v '\.d$') t/*.t
