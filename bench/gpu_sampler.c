@@ -6,7 +6,10 @@
  * The PyTorch way of doing the same work is timed by
  * bench/gpu_sampler_torch.py in the same run (bench/gpu_sampler.sh).
  *
- *   gpu_sampler [-V vocab] [-r repeats]
+ *   gpu_sampler [-V vocab] [-r repeats] [-p]
+ *
+ * -p: also the mean SM cycles of each stage of the sampling kernel for one
+ * row (block 0 of its cluster).
  *
  * Prints one line per case and a table last.
  */
@@ -86,7 +89,8 @@ main(int argc, char **argv)
     static const uint32_t  batches[] = { 64, 256 };
     static const char     *modes[] = { "off", "selected", "support" };
     uint32_t               V = 151936, reps = 20, B, i, bi, ci, mi, r, n;
-    int                    opt;
+    int                    opt, prof = 0;
+    double                 cyc[7];
     float                 *h, *d;
     uint8_t               *dst;
     size_t                 dst_bytes;
@@ -100,13 +104,16 @@ main(int argc, char **argv)
     char                   table[8192];
     size_t                 tl = 0;
 
-    while ((opt = getopt(argc, argv, "V:r:")) != -1) {
-        if (opt == 'V') {
+    while ((opt = getopt(argc, argv, "V:r:p")) != -1) {
+        if (opt == 'p') {
+            prof = 1;
+        } else if (opt == 'V') {
             V = (uint32_t) atoi(optarg);
         } else if (opt == 'r') {
             reps = (uint32_t) atoi(optarg);
         } else {
-            fprintf(stderr, "usage: gpu_sampler [-V vocab] [-r repeats]\n");
+            fprintf(stderr, "usage: gpu_sampler [-V vocab] [-r repeats] "
+                    "[-p]\n");
             return 2;
         }
     }
@@ -145,6 +152,10 @@ main(int argc, char **argv)
 
     printf("V %u, %d clusters of the sampling kernel at once\n", V,
            msv_gsampler_clusters(g));
+    if (prof && msv_gsampler_profile(g, cyc) != 0) {
+        fprintf(stderr, "gpu_sampler: no memory for the profile\n");
+        return 1;
+    }
     tl += snprintf(table + tl, sizeof(table) - tl,
                    "| batch | case | mask | kernels ms | copy ms | bytes |\n"
                    "|---|---|---|---|---|---|\n");
@@ -214,6 +225,12 @@ main(int argc, char **argv)
                        "(%.0f bytes)\n", n, cases[ci].name, modes[mi], kmed,
                        pm[0][reps / 2], pm[1][reps / 2], pm[2][reps / 2],
                        cmed, bytes);
+                if (prof && msv_gsampler_profile(g, cyc) > 0) {
+                    printf("  stage cycles: load %.0f, max %.0f, histogram "
+                           "%.0f, compaction %.0f, gather %.0f, select "
+                           "%.0f, race+capture %.0f\n", cyc[0], cyc[1],
+                           cyc[2], cyc[3], cyc[4], cyc[5], cyc[6]);
+                }
                 tl += snprintf(table + tl, sizeof(table) - tl,
                                "| %u | %s | %s | %.4f | %.4f | %.0f |\n", n,
                                cases[ci].name, modes[mi], kmed, cmed, bytes);

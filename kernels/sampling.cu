@@ -50,6 +50,7 @@ namespace cg = cooperative_groups;
 #define MSV_GS_BIN_SCALE 16.0f
 #define MSV_GS_QBIN      368        /* bins holding every d >= -23 */
 #define MSV_GS_CAP       4096       /* candidates a block compacts */
+#define MSV_GS_MARKS     8          /* stage marks when profiling */
 
 enum {
     MSV_GS_GREEDY = 1u << 0,
@@ -155,9 +156,12 @@ struct msv_gsampler {
     size_t               pack_cap;
     uint64_t            *h_off;      /* row offsets of the last run */
 
+    long long           *d_prof;     /* stage marks (profiling), or NULL */
+    long long           *h_prof;
     cudaEvent_t          ev0, ev1, eva, evb;
     float                last_ms;
     float                part_ms[3];     /* uploads, sampling, packing */
+    uint32_t             prof_rows;
 };
 
 
@@ -177,6 +181,9 @@ struct msv_gs_smem {
     uint32_t   bh[MSV_GS_NB];       /* this block's candidate bins */
     uint32_t   bs[MSV_GS_NB];       /* the cluster's */
     uint16_t   ix[MSV_GS_CAP];      /* compacted candidates' offsets */
+    uint32_t   nr;                  /* blocks still at work: 8, or 1 once
+                                       block 0 gathered every candidate */
+    uint32_t  *gid;                 /* then: the candidates' ids */
 };
 
 /* Publish four words as exchange k, then gather every block's four. */
@@ -184,6 +191,16 @@ __device__ static void
 msv_gs_exchange(cg::cluster_group &cl, msv_gs_smem &S, int k,
     uint64_t w0, uint64_t w1, uint64_t w2, uint64_t w3)
 {
+    if (S.nr == 1) {                    /* block 0 alone */
+        if (threadIdx.x == 0) {
+            S.g[0][0] = w0;
+            S.g[0][1] = w1;
+            S.g[0][2] = w2;
+            S.g[0][3] = w3;
+        }
+        __syncthreads();
+        return;
+    }
     if (threadIdx.x == 0) {
         S.x[k][0] = w0;
         S.x[k][1] = w1;
@@ -206,11 +223,15 @@ msv_gs_exchange(cg::cluster_group &cl, msv_gs_smem &S, int k,
 __device__ static void
 msv_gs_hist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k)
 {
-    cl.sync();
+    if (S.nr != 1) {
+        cl.sync();
+    } else {
+        __syncthreads();
+    }
     if (threadIdx.x < 256) {
         uint64_t  s = 0;
 
-        for (uint32_t r = 0; r < MSV_GS_CLUSTER; r++) {
+        for (uint32_t r = 0; r < S.nr; r++) {
             s += *cl.map_shared_rank(&S.h[k][threadIdx.x], r);
         }
         S.H[threadIdx.x] = s;
@@ -221,11 +242,15 @@ msv_gs_hist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k)
 __device__ static void
 msv_gs_whist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k)
 {
-    cl.sync();
+    if (S.nr != 1) {
+        cl.sync();
+    } else {
+        __syncthreads();
+    }
     if (threadIdx.x < 256) {
         uint64_t  s = 0;
 
-        for (uint32_t r = 0; r < MSV_GS_CLUSTER; r++) {
+        for (uint32_t r = 0; r < S.nr; r++) {
             s += *cl.map_shared_rank(&S.wh[k][threadIdx.x], r);
         }
         S.H[threadIdx.x] = s;
@@ -464,7 +489,8 @@ msv_gs_bin_of_k(msv_gs_smem &S, uint64_t k)
 
 /* Element i of a block's slice in use, its id and value: the slice
  * itself, or its candidates (ix: their offsets in the slice, ascending). */
-#define MSV_GS_ID(i)   (ix != NULL ? c0 + ix[i] : c0 + (i))
+#define MSV_GS_ID(i)   (S.gid != NULL ? S.gid[i]                        \
+                        : (ix != NULL ? c0 + ix[i] : c0 + (i)))
 #define MSV_GS_VAL(i)  (ix != NULL ? z[ix[i]] : z[i])
 
 /* Exclusive prefix of v over the block's threads in order, and the
@@ -597,7 +623,7 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
     }
     cnt = msv_gs_sum64(S, cnt);
     msv_gs_exchange(cl, S, xk, cnt, 0, 0, 0);
-    for (r = 0; r < MSV_GS_CLUSTER; r++) {
+    for (r = 0; r < S.nr; r++) {
         if (owner == MSV_GS_CLUSTER && before + S.g[r][0] >= need) {
             owner = r;
             break;
@@ -630,7 +656,7 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
     }
     msv_gs_exchange(cl, S, xk + 1, mine, 0, 0, 0);
     mine = UINT32_MAX;
-    for (r = 0; r < MSV_GS_CLUSTER; r++) {
+    for (r = 0; r < S.nr; r++) {
         mine = (uint32_t) S.g[r][0] < mine ? (uint32_t) S.g[r][0] : mine;
     }
     return mine;
@@ -678,12 +704,20 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
 /* The sampling kernel: one cluster per row                             */
 
 __global__ void __cluster_dims__(MSV_GS_CLUSTER, 1, 1)
-__launch_bounds__(MSV_GS_THREADS)
+__launch_bounds__(MSV_GS_THREADS, 2)
 msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
     const struct msv_gs_row *rows, struct msv_gs_state st,
     int32_t *out_ids, float *out_lps, uint64_t *top_key, float *top_lp,
-    uint32_t max_lp, struct msv_gs_res *res)
+    uint32_t max_lp, struct msv_gs_res *res, long long *prof)
 {
+/* stage times of block 0 (bench/gpu_sampler -p): SM clock at each mark */
+#define MSV_GS_MARK(k)                                                   \
+    do {                                                                 \
+        if (prof != NULL && br == 0 && threadIdx.x == 0) {               \
+            prof[(size_t) ri * MSV_GS_MARKS + (k)] = clock64();          \
+        }                                                                \
+    } while (0)
+
     cg::cluster_group            cl = cg::this_cluster();
     extern __shared__ float      z[];
     __shared__ msv_gs_smem       S;
@@ -698,6 +732,13 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
 
     uint32_t  i, id, cnt, amax, n_fin, r;
     float     x, m, lo;
+
+    if (threadIdx.x == 0) {
+        S.nr = MSV_GS_CLUSTER;
+        S.gid = NULL;
+    }
+    __syncthreads();
+    MSV_GS_MARK(0);
     uint64_t  bound = UINT64_MAX;
     int       xk = 0;
 
@@ -854,12 +895,14 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                 }
             }
         }
+        MSV_GS_MARK(1);
         msv_gs_best(S, &m, &amax, &cnt);
         msv_gs_exchange(cl, S, xk++, __float_as_uint(m), amax, cnt, 0);
+        MSV_GS_MARK(2);
         m = -INFINITY;
         amax = UINT32_MAX;
         n_fin = 0;
-        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        for (r = 0; r < S.nr; r++) {
             x = __uint_as_float((uint32_t) S.g[r][0]);
             if (msv_gs_better(m, amax, x, (uint32_t) S.g[r][1])) {
                 m = x;
@@ -946,7 +989,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_THREADS) {
             uint32_t  c = 0;
 
-            for (r = 0; r < MSV_GS_CLUSTER; r++) {
+            for (r = 0; r < S.nr; r++) {
                 c += *cl.map_shared_rank(&S.bh[i], r);
             }
             S.bs[i] = c;
@@ -969,9 +1012,14 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             own += S.bh[i];
         }
         own = (uint32_t) msv_gs_sum64(S, own);
+        MSV_GS_MARK(3);
         msv_gs_exchange(cl, S, xk++, own, 0, 0, 0);
-        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        uint32_t  all = 0, offs[MSV_GS_CLUSTER];
+
+        for (r = 0; r < S.nr; r++) {
             most = S.g[r][0] > most ? (uint32_t) S.g[r][0] : most;
+            offs[r] = all;
+            all += (uint32_t) S.g[r][0];
         }
 
         if (most <= MSV_GS_CAP) {
@@ -996,8 +1044,74 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             __syncthreads();
             ix = S.ix;
             nn = tot;
+
+            /*
+             * Few enough candidates for one block: every block moves its
+             * candidates' values to the front of its slice, block 0
+             * copies them all (values, ids) into its own and goes on
+             * alone, with block barriers instead of cluster barriers.
+             */
+            const uint32_t  G = chunk / 2;
+
+            MSV_GS_MARK(4);
+
+            if (all > 0 && all <= G) {
+                float  v[MSV_GS_CAP / MSV_GS_THREADS];
+
+#pragma unroll
+                for (uint32_t k = 0; k < MSV_GS_CAP / MSV_GS_THREADS; k++) {
+                    uint32_t  j = threadIdx.x + k * MSV_GS_THREADS;
+
+                    v[k] = j < nn ? z[ix[j]] : 0.0f;
+                }
+                __syncthreads();
+#pragma unroll
+                for (uint32_t k = 0; k < MSV_GS_CAP / MSV_GS_THREADS; k++) {
+                    uint32_t  j = threadIdx.x + k * MSV_GS_THREADS;
+
+                    if (j < nn) {
+                        z[j] = v[k];
+                    }
+                }
+                /* every slice's front is written before block 0 reads */
+                cl.sync();
+                if (br == 0) {
+                    uint32_t  *gid = (uint32_t *) (z + G);
+
+                    for (r = 0; r < MSV_GS_CLUSTER; r++) {
+                        const float     *rz = cl.map_shared_rank(z, r);
+                        const uint16_t  *rx = cl.map_shared_rank(S.ix, r);
+                        uint32_t         nr_ = (uint32_t) (r + 1 < MSV_GS_CLUSTER
+                                                           ? offs[r + 1]
+                                                           : all) - offs[r];
+
+                        for (uint32_t j = threadIdx.x; j < nr_;
+                             j += MSV_GS_THREADS)
+                        {
+                            if (r > 0) {
+                                z[offs[r] + j] = rz[j];
+                            }
+                            gid[offs[r] + j] = r * chunk + rx[j];
+                        }
+                    }
+                }
+                /* block 0 has read every other block's shared memory */
+                cl.sync();
+                if (br != 0) {
+                    return;
+                }
+                if (threadIdx.x == 0) {
+                    S.nr = 1;
+                    S.gid = (uint32_t *) (z + G);
+                }
+                __syncthreads();
+                ix = NULL;
+                nn = all;
+            }
         }
     }
+
+    MSV_GS_MARK(5);
 
     /* 6. top_k: the k-th of the survivors, if there are more than k */
     if (fl & MSV_GS_TOPK) {
@@ -1024,7 +1138,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         w = msv_gs_sum64(S, w);
         msv_gs_exchange(cl, S, xk++, w, 0, 0, 0);
         w = 0;
-        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        for (r = 0; r < S.nr; r++) {
             w += S.g[r][0];
         }
         tau = (double) R.top_p * (double) w;
@@ -1079,6 +1193,8 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         }
     }
 
+    MSV_GS_MARK(6);
+
     /* 8. the race: argmax over S of z' + Gumbel, from the max's key */
     {
         double    best, key;
@@ -1106,7 +1222,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                         tok, __float_as_uint(zt), 0);
         best = -INFINITY;
         tok = UINT32_MAX;
-        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        for (r = 0; r < S.nr; r++) {
             key = __longlong_as_double((long long) S.g[r][0]);
             if (msv_gs_better_d(best, tok, key, (uint32_t) S.g[r][1])) {
                 best = key;
@@ -1152,7 +1268,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         msv_gs_exchange(cl, S, xk++, hi, lo64, ns, 0);
         hi = 0;
         lo64 = 0;
-        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        for (r = 0; r < S.nr; r++) {
             lo64 += S.g[r][1];
             hi += S.g[r][0] + (lo64 < S.g[r][1]);
             base += r < br ? S.g[r][2] : 0;
@@ -1220,16 +1336,19 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
     }
 
 update:
+    MSV_GS_MARK(7);
     /* the token joins the request's history for the next step's
      * penalties; its slice's block is the only reader of that entry */
     if ((fl & (MSV_GS_REP | MSV_GS_FREQ)) && threadIdx.x == 0
-        && amax >= c0 && amax < c0 + n)
+        && (S.nr == 1 || (amax >= c0 && amax < c0 + n)))
     {
         st.count[(size_t) R.slot * V + amax]++;
         st.seen[(size_t) R.slot * st.words + (amax >> 5)] |= 1u << (amax & 31);
     }
     /* no block leaves while another may still read its shared memory */
-    cl.sync();
+    if (S.nr != 1) {
+        cl.sync();
+    }
 }
 
 
@@ -1458,6 +1577,8 @@ msv_gsampler_free(struct msv_gsampler *g)
     cudaFree(g->d_topk);
     cudaFree(g->d_toplp);
     cudaFree(g->d_pack);
+    cudaFree(g->d_prof);
+    free(g->h_prof);
     if (g->ev0 != NULL) {
         cudaEventDestroy(g->ev0);
     }
@@ -1858,7 +1979,8 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
     msv_sample_kernel<<<n * MSV_GS_CLUSTER, MSV_GS_THREADS, g->smem,
                         g->stream>>>(logits, g->vocab, g->chunk, g->d_rows,
                                      g->st, g->d_ids, g->d_lps, g->d_topk,
-                                     g->d_toplp, g->max_lp, g->d_res);
+                                     g->d_toplp, g->max_lp, g->d_res,
+                                     g->d_prof);
     MSV_GS_TRY(cudaGetLastError(), "sampling kernel");
     MSV_GS_TRY(cudaEventRecord(g->evb, g->stream), "event");
 
@@ -1876,6 +1998,12 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
         return msv_gs_err(err, errlen, "sampling", e);
     }
     cudaEventElapsedTime(&g->last_ms, g->ev0, g->ev1);
+    if (g->d_prof != NULL) {
+        cudaMemcpy(g->h_prof, g->d_prof,
+                   (size_t) n * MSV_GS_MARKS * sizeof(long long),
+                   cudaMemcpyDeviceToHost);
+        g->prof_rows = n;
+    }
     cudaEventElapsedTime(&g->part_ms[0], g->ev0, g->eva);
     cudaEventElapsedTime(&g->part_ms[1], g->eva, g->evb);
     cudaEventElapsedTime(&g->part_ms[2], g->evb, g->ev1);
@@ -1920,6 +2048,53 @@ msv_gsampler_last_ms(const struct msv_gsampler *g, float parts[3])
         memcpy(parts, g->part_ms, sizeof(g->part_ms));
     }
     return g->last_ms;
+}
+
+
+extern "C" int
+msv_gsampler_profile(struct msv_gsampler *g, double cycles[7])
+{
+    uint32_t  i, k, n = 0;
+
+    if (g->d_prof == NULL) {
+        g->h_prof = (long long *) calloc((size_t) g->max_rows * MSV_GS_MARKS,
+                                         sizeof(long long));
+        if (g->h_prof == NULL
+            || cudaMalloc((void **) &g->d_prof, (size_t) g->max_rows
+                          * MSV_GS_MARKS * sizeof(long long)) != cudaSuccess)
+        {
+            return -1;
+        }
+        cudaMemset(g->d_prof, 0, (size_t) g->max_rows * MSV_GS_MARKS
+                                 * sizeof(long long));
+        return 0;
+    }
+    for (k = 0; k < 7; k++) {
+        cycles[k] = 0;
+    }
+    for (i = 0; i < g->prof_rows; i++) {
+        const long long  *p = g->h_prof + (size_t) i * MSV_GS_MARKS;
+        long long         last = p[0];
+
+        if (p[0] == 0 || p[7] < p[0]) {
+            continue;
+        }
+        for (k = 1; k < MSV_GS_MARKS; k++) {
+            /* a stage a row skipped left its mark 0 or stale: count it
+             * as no time */
+            if (p[k] >= last && p[k] <= p[7]) {
+                cycles[k - 1] += (double) (p[k] - last);
+                last = p[k];
+            }
+        }
+        n++;
+    }
+    for (k = 0; k < 7 && n > 0; k++) {
+        cycles[k] /= n;
+    }
+    cudaMemset(g->d_prof, 0, (size_t) g->max_rows * MSV_GS_MARKS
+                             * sizeof(long long));
+    return (int) n;
 }
 
 

@@ -56,6 +56,12 @@ int msv_gsampler_copy(struct msv_gsampler *g, uint32_t first, uint32_t n,
  * parts[3] (if not NULL): uploads, the sampling kernel, packing. */
 float msv_gsampler_last_ms(const struct msv_gsampler *g, float parts[3]);
 
+/* Stage profile: the first call turns it on (0); later calls return
+ * the rows of the last run and, per row, the mean SM cycles of block 0
+ * in: load and process, max exchange, candidate histogram, count
+ * exchange and compaction, gather, top_k/top_p, race and capture. */
+int msv_gsampler_profile(struct msv_gsampler *g, double cycles[7]);
+
 /* Clusters of the sampling kernel the device runs at once (-1: unknown). */
 int msv_gsampler_clusters(const struct msv_gsampler *g);
 
