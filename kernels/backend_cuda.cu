@@ -5,9 +5,10 @@
  * checkpoint tensor is bf16 and become fp32 otherwise (fp32 as is, fp16
  * widened); norms and biases are fp32.  q/k/v and gate/up are fused into
  * one matrix each.  The residual stream and every intermediate are fp32;
- * products with bf16 weights read the activations split into bf16 hi +
- * lo (MSV_ACT_BF16X2, the default) or rounded to bf16
- * (MSV_CUDA_ACT=bf16).  KV is fp32 in pages of MSV_KV_BLOCK tokens.
+ * products with bf16 weights read the activations rounded to bf16 (the
+ * default precision) or split into bf16 hi + lo (MSV_ACT_BF16X2,
+ * MSV_CUDA_ACT=split).  KV is in pages of MSV_KV_BLOCK tokens, bf16 by
+ * default and fp32 in split precision.
  */
 
 #include <math.h>
@@ -30,6 +31,7 @@
 #define MSV_LM_CHUNK     512           /* logits rows per lm_head product */
 #define MSV_ALIGN_TOKENS 64            /* scratch grows in these steps */
 #define MSV_UPLOAD_CHUNK (1u << 22)    /* elements converted at a time */
+#define MSV_PART_MAX     (64u << 20)   /* floats of attention workspace */
 
 struct msv_cuda_layer {
     float            *attn_norm;       /* [hidden] */
@@ -58,10 +60,12 @@ struct msv_backend {
     float                    *inv_freq;        /* [head_dim / 2] */
     struct msv_cuda_layer    *layers;
 
-    /* KV: [layer][k, v][page][kv head][MSV_KV_BLOCK][head_dim] fp32 */
-    float                    *kv;
+    /* KV: [layer][k, v][page][kv head][MSV_KV_BLOCK][head_dim], bf16
+     * (kv_bf16) or fp32 */
+    void                     *kv;
+    int                       kv_bf16;
     uint32_t                  n_pages;
-    size_t                    page_floats;
+    size_t                    page_elems;
     uint32_t                 *free_pages;      /* stack of free page ids */
     uint32_t                  n_free;
     uint32_t                  pages_per_seq;
@@ -75,11 +79,12 @@ struct msv_backend {
     uint32_t                  cap_tokens;
     float                    *x;               /* [T][hidden] residual */
     float                    *qkv;             /* [T][(nh + 2 nkv) hd] */
-    float                    *att;             /* [T][nh hd] */
     float                    *gu;              /* [T][2 inter] */
     void                     *act;             /* [T][max in] x 4 bytes */
     float                    *tmp;             /* BF16X2 products */
     float                    *logits;          /* [chunk][vocab] */
+    float                    *part;            /* attention splits */
+    size_t                    part_floats;
 
     /* sampling on the device: logits of every row stay there */
     struct msv_gsampler      *gs;
@@ -584,10 +589,11 @@ msv_cuda_init_kv(struct msv_backend *b, uint64_t kv_tokens, char *err,
                             "pages", (unsigned long long) kv_tokens);
     }
     b->n_pages = (uint32_t) pages;
-    b->page_floats = (size_t) c->n_kv_heads * MSV_KV_BLOCK * c->head_dim;
+    b->page_elems = (size_t) c->n_kv_heads * MSV_KV_BLOCK * c->head_dim;
+    b->kv_bf16 = !b->split;
 
-    bytes = (size_t) c->n_layers * 2 * b->n_pages * b->page_floats
-            * sizeof(float);
+    bytes = (size_t) c->n_layers * 2 * b->n_pages * b->page_elems
+            * (b->kv_bf16 ? 2 : 4);
     if (msv_cuda_alloc(b, (void **) &b->kv, bytes, "the KV cache", err,
                        errlen) != 0)
     {
@@ -606,6 +612,19 @@ msv_cuda_init_kv(struct msv_backend *b, uint64_t kv_tokens, char *err,
     {
         return msv_cuda_err(err, errlen, "cuda: out of host memory for the "
                             "page tables");
+    }
+
+    /* the workspace of split attention, for decode batches: up to
+     * max_seqs tokens of max_len, capped (larger batches fold) */
+    b->part_floats = attention_part_floats(b->max_seqs, c->n_heads,
+                                           c->head_dim, b->max_len);
+    if (b->part_floats > MSV_PART_MAX) {
+        b->part_floats = MSV_PART_MAX;
+    }
+    if (msv_cuda_alloc(b, (void **) &b->part, b->part_floats * sizeof(float),
+                       "the attention workspace", err, errlen) != 0)
+    {
+        return -1;
     }
 
     /* pop order 0, 1, 2, ... */
@@ -651,10 +670,10 @@ msv_cuda_create(const struct msv_model_config *cfg,
     b->max_len = max_len;
 
     mode = getenv("MSV_CUDA_ACT");
-    if (mode == NULL || mode[0] == '\0' || strcmp(mode, "split") == 0) {
-        b->split = 1;
-    } else if (strcmp(mode, "bf16") == 0) {
+    if (mode == NULL || mode[0] == '\0' || strcmp(mode, "bf16") == 0) {
         b->split = 0;
+    } else if (strcmp(mode, "split") == 0) {
+        b->split = 1;
     } else {
         msv_cuda_err(err, errlen, "cuda: MSV_CUDA_ACT=%s: expected \"split\" "
                      "or \"bf16\"", mode);
@@ -765,12 +784,11 @@ msv_cuda_free_scratch(struct msv_backend *b)
 {
     cudaFree(b->x);
     cudaFree(b->qkv);
-    cudaFree(b->att);
     cudaFree(b->gu);
     cudaFree(b->act);
     cudaFree(b->tmp);
     cudaFree(b->logits);
-    b->x = b->qkv = b->att = b->gu = b->tmp = b->logits = NULL;
+    b->x = b->qkv = b->gu = b->tmp = b->logits = NULL;
     b->act = NULL;
     b->cap_tokens = 0;
 }
@@ -806,8 +824,6 @@ msv_cuda_scratch(struct msv_backend *b, uint32_t n_tokens, char *err,
     MSV_CUDA_TRY(cudaMalloc((void **) &b->x, T * c->hidden * sizeof(float)),
                  err, errlen);
     MSV_CUDA_TRY(cudaMalloc((void **) &b->qkv, T * qkv * sizeof(float)),
-                 err, errlen);
-    MSV_CUDA_TRY(cudaMalloc((void **) &b->att, T * q * sizeof(float)),
                  err, errlen);
     MSV_CUDA_TRY(cudaMalloc((void **) &b->gu,
                             T * 2 * c->intermediate * sizeof(float)),
@@ -854,17 +870,16 @@ msv_cuda_meta(struct msv_backend *b, size_t n, char *err, size_t errlen)
 /* One transformer layer over the batch's n tokens. */
 static int
 msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
-    const struct msv_kv_map *map, char *err, size_t errlen)
+    uint32_t max_ctx, const struct msv_kv_map *map, char *err, size_t errlen)
 {
     const struct msv_model_config  *c = &b->cfg;
     struct msv_cuda_layer          *L = &b->layers[l];
     struct msv_qkv_args             qa;
     struct msv_attn_args            aa;
-    const void                     *src;
-    size_t                          kv_floats;
+    size_t                          kv_bytes;
     int                             f;
 
-    kv_floats = (size_t) b->n_pages * b->page_floats;
+    kv_bytes = (size_t) b->n_pages * b->page_elems * (b->kv_bf16 ? 2 : 4);
 
     /* attention block */
     f = msv_act_fmt_for(&L->qkv, b->split);
@@ -889,12 +904,15 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     qa.eps = c->rms_eps;
     qa.inv_freq = b->inv_freq;
     qa.kv = *map;
-    qa.kv.k_cache = b->kv + (size_t) l * 2 * kv_floats;
-    qa.kv.v_cache = qa.kv.k_cache + kv_floats;
+    qa.kv.k_cache = (char *) b->kv + (size_t) l * 2 * kv_bytes;
+    qa.kv.v_cache = (char *) qa.kv.k_cache + kv_bytes;
     MSV_CUDA_TRY(qkv_rope_forward(&qa, b->stream), err, errlen);
 
+    /* attention writes the o product's input format directly */
+    f = msv_act_fmt_for(&L->o, b->split);
     memset(&aa, 0, sizeof(aa));
-    aa.out = b->att;
+    aa.out = b->act;
+    aa.out_fmt = f;
     aa.q = b->qkv;
     aa.q_stride = (c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
     aa.n_tokens = n;
@@ -903,17 +921,13 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     aa.head_dim = c->head_dim;
     aa.scale = (float) (1.0 / sqrt((double) c->head_dim));
     aa.kv = qa.kv;
+    aa.max_ctx = max_ctx;
+    aa.part = b->part;
+    aa.part_floats = b->part_floats;
+    aa.mode = MSV_ATTN_AUTO;
     MSV_CUDA_TRY(attention_forward(&aa, b->stream), err, errlen);
 
-    f = msv_act_fmt_for(&L->o, b->split);
-    src = b->att;
-    if (f != MSV_ACT_F32) {
-        MSV_CUDA_TRY(to_act_forward(b->act, f, b->att, n,
-                                    c->n_heads * c->head_dim, b->stream),
-                     err, errlen);
-        src = b->act;
-    }
-    if (linear_forward(b->cublas, &L->o, src, f, n, b->x, 1, b->tmp,
+    if (linear_forward(b->cublas, &L->o, b->act, f, n, b->x, 1, b->tmp,
                        b->stream, err, errlen) != 0)
     {
         return -1;
@@ -950,7 +964,7 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     struct msv_kv_map               map;
     uint64_t                        T64, P64;
     uint32_t                        s, seq, n, p0, T, P, R, r0, rc, l, k, t;
-    uint32_t                        np, *sp;
+    uint32_t                        np, *sp, max_ctx;
     int32_t                        *tok, *pos, *tseq, *poff, *pages, *rows;
     size_t                          meta_n;
     cudaError_t                     e;
@@ -974,6 +988,7 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
 
     T64 = 0;
     P64 = 0;
+    max_ctx = 0;
     for (s = 0; s < bt->n_seqs; s++) {
         seq = bt->seq[s];
         n = bt->n_new[s];
@@ -1004,6 +1019,7 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
         }
         T64 += n;
         P64 += MSV_CEIL_DIV(p0 + n, MSV_KV_BLOCK);
+        max_ctx = p0 + n > max_ctx ? p0 + n : max_ctx;
     }
     if (T64 > INT32_MAX / 2) {
         return msv_cuda_err(err, errlen, "cuda: forward: %llu tokens in one "
@@ -1073,12 +1089,13 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     map.pages = map.page_off + bt->n_seqs;
     map.k_cache = NULL;
     map.v_cache = NULL;
+    map.kv_bf16 = b->kv_bf16;
 
     MSV_CUDA_TRY(embed_forward(b->x, b->embed, b->embed_dtype, b->meta_d, T,
                                c->hidden, b->stream), err, errlen);
 
     for (l = 0; l < c->n_layers; l++) {
-        if (msv_cuda_layer(b, l, T, &map, err, errlen) != 0) {
+        if (msv_cuda_layer(b, l, T, max_ctx, &map, err, errlen) != 0) {
             return -1;
         }
     }
