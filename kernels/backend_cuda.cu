@@ -123,7 +123,8 @@ struct msv_backend {
 
     /* MSV_CUDA_TIMING: a line per forward */
     FILE                     *tm_file;
-    int                       tm_detail;
+    uint32_t                  tm_detail;       /* every tm_detail-th step */
+    int                       tm_on;           /* this step: marks */
     cudaEvent_t               tm_start, tm_end;
     cudaEvent_t               tm_ev[MSV_TM_EVENTS];
     int                       tm_cat[MSV_TM_EVENTS];
@@ -689,8 +690,9 @@ msv_cuda_init_kv(struct msv_backend *b, uint64_t kv_tokens, char *err,
 
 
 /* MSV_CUDA_TIMING=FILE: a line per forward appended to FILE;
- * MSV_CUDA_TIMING_DETAIL=1 adds the GPU time per kind of work (events
- * between launches; no graphs then). */
+ * MSV_CUDA_TIMING_DETAIL=N: every N-th step also runs without a graph,
+ * with events between launches, and its line gives the GPU time per kind
+ * of work. */
 static int
 msv_cuda_init_timing(struct msv_backend *b, char *err, size_t errlen)
 {
@@ -711,7 +713,7 @@ msv_cuda_init_timing(struct msv_backend *b, char *err, size_t errlen)
     MSV_CUDA_TRY(cudaEventCreate(&b->tm_end), err, errlen);
 
     detail = getenv("MSV_CUDA_TIMING_DETAIL");
-    b->tm_detail = detail != NULL && strcmp(detail, "1") == 0;
+    b->tm_detail = detail != NULL ? (uint32_t) strtoul(detail, NULL, 10) : 0;
     if (b->tm_detail) {
         for (i = 0; i < MSV_TM_EVENTS; i++) {
             MSV_CUDA_TRY(cudaEventCreate(&b->tm_ev[i]), err, errlen);
@@ -802,8 +804,7 @@ msv_cuda_create(const struct msv_model_config *cfg,
     }
 
     mode = getenv("MSV_CUDA_GRAPHS");
-    b->use_graphs = !b->tm_detail
-                    && !(mode != NULL && strcmp(mode, "0") == 0);
+    b->use_graphs = !(mode != NULL && strcmp(mode, "0") == 0);
     b->graph_cap = max_seqs < MSV_LM_CHUNK ? msv_cuda_bucket(max_seqs)
                                            : MSV_LM_CHUNK;
 
@@ -979,11 +980,12 @@ msv_cuda_meta(struct msv_backend *b, size_t n, char *err, size_t errlen)
 /* ---- per-step timing (MSV_CUDA_TIMING) ---------------------------------- */
 
 /* Close the segment that ends now: GPU time since the last mark goes to
- * category cat.  Only with MSV_CUDA_TIMING_DETAIL (graphs are off then). */
+ * category cat.  Only on the steps MSV_CUDA_TIMING_DETAIL picks, which
+ * run without a graph. */
 static void
 msv_cuda_mark(struct msv_backend *b, int cat)
 {
-    if (!b->tm_detail || b->tm_n >= MSV_TM_EVENTS) {
+    if (!b->tm_on || b->tm_n >= MSV_TM_EVENTS) {
         return;
     }
     if (cudaEventRecord(b->tm_ev[b->tm_n], b->stream) == cudaSuccess) {
@@ -1018,9 +1020,11 @@ msv_cuda_timing_line(struct msv_backend *b, uint32_t n_seqs, uint32_t T,
     }
     ms = 1e-6;
     fprintf(b->tm_file, "step %llu seqs %u tokens %u max_ctx %u graph %d "
+            "detail %d "
             "gap_ms %.4f host_ms %.4f gpu_ms %.4f wall_ms %.4f "
             "gemm_ms %.4f attn_ms %.4f other_ms %.4f copy_ms %.4f\n",
             (unsigned long long) b->tm_step++, n_seqs, T, max_ctx, graph,
+            b->tm_on,
             b->tm_last_out != 0 ? (double) (t_in - b->tm_last_out) * ms : 0.0,
             (double) (t_launch - t_in) * ms, gpu,
             (double) (t_out - t_in) * ms, cat[MSV_TM_GEMM], cat[MSV_TM_ATTN],
@@ -1369,7 +1373,10 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     decode = T == bt->n_seqs && !bt->all_logits;
     cap = T;
     gctx = max_ctx;
-    if (decode && b->use_graphs && msv_cuda_bucket(T) <= b->graph_cap
+    b->tm_on = b->tm_file != NULL && b->tm_detail != 0
+               && b->tm_step % b->tm_detail == 0;
+    if (decode && b->use_graphs && !b->tm_on
+        && msv_cuda_bucket(T) <= b->graph_cap
         && (!dev || msv_cuda_bucket(T) <= b->max_seqs))
     {
         cap = msv_cuda_bucket(T);

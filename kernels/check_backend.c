@@ -1810,18 +1810,22 @@ main(int argc, char **argv)
     char                     err[512];
     long                     ncpu;
     int                      opt, timing = 1, big = 1, i, n_ok;
+    int                      only_kernels = 0;
     uint64_t                 seed;
     char                    *end;
 
     seed = (uint64_t) time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t) getpid();
 
-    while ((opt = getopt(argc, argv, "f:nqs:")) != -1) {
+    while ((opt = getopt(argc, argv, "f:knqs:")) != -1) {
         switch (opt) {
         case 'f':
             fixtures = optarg;
             break;
         case 'n':
             timing = 0;
+            break;
+        case 'k':
+            only_kernels = 1;
             break;
         case 'q':
             big = 0;
@@ -1836,7 +1840,7 @@ main(int argc, char **argv)
             }
             break;
         default:
-            fprintf(stderr, "usage: %s [-f fixtures_dir] [-n] [-q] "
+            fprintf(stderr, "usage: %s [-f fixtures_dir] [-k] [-n] [-q] "
                     "[-s seed]\n", argv[0]);
             return 2;
         }
@@ -1858,6 +1862,12 @@ main(int argc, char **argv)
     check_rmsnorm();
     check_qkv_rope();
     check_attention();
+
+    if (only_kernels) {
+        timing = 0;
+        big = 0;
+        goto report;
+    }
 
     if (msv_config_preset("tiny", &cfg, err, sizeof(err)) != 0
         || msv_weights_dummy(&cfg, 1, &w, err, sizeof(err)) != 0)
@@ -1885,6 +1895,7 @@ main(int argc, char **argv)
         }
     }
 
+report:
     n_ok = 0;
     for (i = 0; i < chk_n_results; i++) {
         n_ok += chk_results[i].ok;
