@@ -36,6 +36,7 @@
 #define MSV_MAX_GRAPHS   64            /* captured decode steps kept */
 #define MSV_CUBLAS_WS    (32u << 20)   /* cuBLAS workspace, fixed for graphs */
 #define MSV_TM_EVENTS    1024          /* timing marks of one step */
+#define MSV_INV_ROWS     256           /* rows of a batch-invariant product */
 
 /* timing categories */
 #define MSV_TM_GEMM      0
@@ -68,6 +69,7 @@ struct msv_backend {
     uint32_t                  max_seqs;
     uint32_t                  max_len;
     int                       split;   /* bf16 products read hi + lo */
+    uint32_t                  slice;   /* batch invariant: rows a product */
     cudaStream_t              stream;
     cublasHandle_t            cublas;
 
@@ -767,6 +769,22 @@ msv_cuda_create(const struct msv_model_config *cfg,
         goto failed;
     }
 
+    /* MSV_CUDA_INVARIANT=1 (--batch-invariant): every product in slices
+     * of MSV_INV_ROWS rows, so a row's logits do not depend on the batch */
+    mode = getenv("MSV_CUDA_INVARIANT");
+    if (mode != NULL && strcmp(mode, "1") == 0) {
+        if (b->split) {
+            msv_cuda_err(err, errlen, "cuda: MSV_CUDA_INVARIANT=1 needs the "
+                         "bf16 precision, not split");
+            goto failed;
+        }
+        b->slice = MSV_INV_ROWS;
+    } else if (mode != NULL && mode[0] != '\0' && strcmp(mode, "0") != 0) {
+        msv_cuda_err(err, errlen, "cuda: MSV_CUDA_INVARIANT=%s: expected 0 "
+                     "or 1", mode);
+        goto failed;
+    }
+
     e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         b->stream = NULL;
@@ -916,7 +934,8 @@ msv_cuda_scratch(struct msv_backend *b, uint32_t n_tokens, char *err,
     msv_cuda_drop_graphs(b);           /* they hold the old pointers */
     msv_cuda_free_scratch(b);
 
-    T = MSV_CEIL_DIV((size_t) n_tokens, MSV_ALIGN_TOKENS) * MSV_ALIGN_TOKENS;
+    T = b->slice > MSV_ALIGN_TOKENS ? b->slice : MSV_ALIGN_TOKENS;
+    T = MSV_CEIL_DIV((size_t) n_tokens, T) * T;
     q = (size_t) c->n_heads * c->head_dim;
     qkv = q + 2 * (size_t) c->n_kv_heads * c->head_dim;
     max_in = c->hidden;
@@ -1056,7 +1075,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_OTHER);
-    if (linear_forward(b->cublas, &L->qkv, b->act, f, n, b->qkv, 0, b->tmp,
+    if (linear_forward(b->cublas, &L->qkv, b->act, f, n, b->slice, b->qkv, 0, b->tmp,
                        b->stream, err, errlen) != 0)
     {
         return -1;
@@ -1100,7 +1119,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     MSV_CUDA_TRY(attention_forward(&aa, b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_ATTN);
 
-    if (linear_forward(b->cublas, &L->o, b->act, f, n, b->x, 1, b->tmp,
+    if (linear_forward(b->cublas, &L->o, b->act, f, n, b->slice, b->x, 1, b->tmp,
                        b->stream, err, errlen) != 0)
     {
         return -1;
@@ -1113,7 +1132,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_OTHER);
-    if (linear_forward(b->cublas, &L->gate_up, b->act, f, n, b->gu, 0, b->tmp,
+    if (linear_forward(b->cublas, &L->gate_up, b->act, f, n, b->slice, b->gu, 0, b->tmp,
                        b->stream, err, errlen) != 0)
     {
         return -1;
@@ -1124,7 +1143,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     MSV_CUDA_TRY(silu_mul_forward(b->act, f, b->gu, n, c->intermediate,
                                   b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_OTHER);
-    if (linear_forward(b->cublas, &L->down, b->act, f, n, b->x, 1, b->tmp,
+    if (linear_forward(b->cublas, &L->down, b->act, f, n, b->slice, b->x, 1, b->tmp,
                        b->stream, err, errlen) != 0)
     {
         return -1;
@@ -1180,7 +1199,8 @@ msv_cuda_head(struct msv_backend *b, uint32_t cap, uint32_t r0, uint32_t rc,
                                  c->rms_eps, b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_OTHER);
-    if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc, dst, 0,
+    if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc, b->slice, dst,
+                       0,
                        b->tmp, b->stream, err, errlen) != 0)
     {
         return -1;

@@ -810,6 +810,80 @@ check_attention(void)
 }
 
 
+static float
+chk_bf16_val(uint16_t h)
+{
+    uint32_t  u = (uint32_t) h << 16;
+    float     f;
+
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+
+static uint16_t chk_to_bf16(float f);
+
+
+/* The small-batch GEMV path against a double-precision product. */
+static void
+check_gemv(void)
+{
+    static const uint32_t  cases[][4] = {   /* rows, cols, n, accumulate */
+        { 37, 8, 1, 0 }, { 4096, 4096, 1, 1 }, { 1000, 12288, 3, 0 },
+        { 6144, 4096, 8, 1 }, { 33, 2056, 5, 0 }, { 151, 1024, 2, 1 },
+        { 1, 64, 7, 0 },
+    };
+    char       err[512];
+    uint16_t  *w, *x;
+    float     *out, *ref;
+    double     sum;
+    uint32_t   k, r, m, i, rows, cols, n;
+    size_t     nw;
+
+    for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        rows = cases[k][0];
+        cols = cases[k][1];
+        n = cases[k][2];
+        nw = (size_t) rows * cols;
+        w = chk_alloc(nw * sizeof(uint16_t));
+        x = chk_alloc((size_t) n * cols * sizeof(uint16_t));
+        out = chk_alloc((size_t) n * rows * sizeof(float));
+        ref = chk_alloc((size_t) n * rows * sizeof(float));
+        for (i = 0; i < nw; i++) {
+            w[i] = chk_to_bf16((float) (chk_uniform() * 2.0 - 1.0)
+                               / sqrtf((float) cols));
+        }
+        for (i = 0; i < n * cols; i++) {
+            x[i] = chk_to_bf16((float) (chk_uniform() * 4.0 - 2.0));
+        }
+        chk_fill(out, (size_t) n * rows, 1.0f);
+        for (m = 0; m < n; m++) {
+            for (r = 0; r < rows; r++) {
+                sum = cases[k][3] ? out[(size_t) m * rows + r] : 0.0;
+                for (i = 0; i < cols; i++) {
+                    sum += (double) chk_bf16_val(w[(size_t) r * cols + i])
+                           * chk_bf16_val(x[(size_t) m * cols + i]);
+                }
+                ref[(size_t) m * rows + r] = (float) sum;
+            }
+        }
+        if (msv_cuda_run_gemv(out, w, x, rows, cols, n, (int) cases[k][3],
+                              err, sizeof(err)) != 0)
+        {
+            chk_fail("kernel gemv: %s", err);
+        } else {
+            chk_record(chk_rel_rows(out, ref, n, rows), CHK_TOL_KERNEL,
+                       "kernel gemv %ux%u n=%u%s", rows, cols, n,
+                       cases[k][3] ? " accumulate" : "");
+        }
+        free(w);
+        free(x);
+        free(out);
+        free(ref);
+    }
+}
+
+
 /* ---- weights rounded to bf16 ------------------------------------------- */
 
 struct chk_bf16w {
@@ -1862,6 +1936,7 @@ main(int argc, char **argv)
     check_rmsnorm();
     check_qkv_rope();
     check_attention();
+    check_gemv();
 
     if (only_kernels) {
         timing = 0;

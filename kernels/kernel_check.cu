@@ -13,6 +13,8 @@
 #include "norm.cuh"
 #include "rope.cuh"
 #include "attention.cuh"
+#include "gemm.cuh"
+#include "model.h"
 
 static_assert(MSV_CHECK_F32 == MSV_ACT_F32
               && MSV_CHECK_BF16 == MSV_ACT_BF16
@@ -407,6 +409,57 @@ msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
     bufs.n = 0;
     rc = msv_check_attention(&bufs, out, q, q_stride, n_heads, n_kv_heads,
                              head_dim, scale, kv, mode, err, errlen);
+    msv_check_free(&bufs);
+    return rc;
+}
+
+
+static int
+msv_check_gemv(struct msv_check_bufs *bufs, float *out, const uint16_t *w,
+    const uint16_t *act, uint32_t rows, uint32_t cols, uint32_t n,
+    int accumulate, char *err, size_t errlen)
+{
+    struct msv_dmat  m;
+    void            *dw, *dx, *dout;
+
+    if (msv_check_put(bufs, &dw, w, (size_t) rows * cols * 2, err, errlen)
+        != 0
+        || msv_check_put(bufs, &dx, act, (size_t) n * cols * 2, err, errlen)
+           != 0
+        || msv_check_put(bufs, &dout, out, (size_t) n * rows * sizeof(float),
+                         err, errlen) != 0)
+    {
+        return -1;
+    }
+    m.p = dw;
+    m.dtype = MSV_BF16;
+    m.rows = rows;
+    m.cols = cols;
+    if (!gemv_usable(&m, MSV_ACT_BF16, n, 0)) {
+        snprintf(err, errlen, "kernel check: gemv not usable for %u x %u, "
+                 "n %u", rows, cols, n);
+        return -1;
+    }
+    MSV_CUDA_TRY(gemv_forward(&m, dx, n, (float *) dout, accumulate, 0),
+                 err, errlen);
+    MSV_CUDA_TRY(cudaDeviceSynchronize(), err, errlen);
+    MSV_CUDA_TRY(cudaMemcpy(out, dout, (size_t) n * rows * sizeof(float),
+                            cudaMemcpyDeviceToHost), err, errlen);
+    return 0;
+}
+
+
+extern "C" int
+msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
+    uint32_t rows, uint32_t cols, uint32_t n, int accumulate, char *err,
+    size_t errlen)
+{
+    struct msv_check_bufs  bufs;
+    int                    rc;
+
+    bufs.n = 0;
+    rc = msv_check_gemv(&bufs, out, w, act, rows, cols, n, accumulate, err,
+                        errlen);
     msv_check_free(&bufs);
     return rc;
 }

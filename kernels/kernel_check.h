@@ -63,6 +63,13 @@ int msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
     uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
     const struct msv_check_kv *kv, int mode, char *err, size_t errlen);
 
+/* out[n][rows] (+)= act[n][cols] . w[rows][cols]^T through the GEMV path
+ * (bf16 bits, n <= 8, cols a multiple of 8); out is read first when
+ * accumulate. */
+int msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
+    uint32_t rows, uint32_t cols, uint32_t n, int accumulate, char *err,
+    size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

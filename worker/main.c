@@ -34,6 +34,7 @@ struct msv_opts {
     const char  *backend;
     const char  *sampler;
     const char  *precision;
+    int          batch_invariant;
     const char  *shm;
     uint32_t     max_num_seqs;
     uint32_t     max_model_len;
@@ -72,6 +73,8 @@ msv_usage(FILE *f)
 "  --backend auto|cpu|cuda  (default auto: cuda when a GPU is usable)\n"
 "  --precision bf16|split   CUDA activations and KV: bf16 (default) or\n"
 "                           split fp32 (hi + lo bf16 products, fp32 KV)\n"
+"  --batch-invariant        CUDA: a request's logits do not depend on the\n"
+"                           batch it runs in (products in fixed slices)\n"
 "  --shm NAME               region name (default maskserve-0)\n"
 "  --max-num-seqs N         concurrent requests (default 64)\n"
 "  --max-model-len N        prompt + output tokens (default: the model's,\n"
@@ -138,6 +141,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "dummy",                  required_argument, 0, 'd' },
         { "backend",                required_argument, 0, 'b' },
         { "precision",              required_argument, 0, 'A' },
+        { "batch-invariant",        no_argument,       0, 'I' },
         { "shm",                    required_argument, 0, 's' },
         { "max-num-seqs",           required_argument, 0, 'n' },
         { "max-model-len",          required_argument, 0, 'l' },
@@ -174,6 +178,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         case 'b': o->backend = optarg; break;
         case 'P': o->sampler = optarg; break;
         case 'A': o->precision = optarg; break;
+        case 'I': o->batch_invariant = 1; break;
         case 's': o->shm = optarg; break;
         case 'n':
             if (msv_parse_u64("--max-num-seqs", optarg, &v, 0) || v < 1
@@ -452,8 +457,11 @@ main(int argc, char **argv)
              ops->name, msv_arch_name(cfg.arch),
              (unsigned long long) msv_config_n_params(&cfg),
              msv_dtype_name(cfg.dtype));
-    /* the CUDA backend reads its precision from MSV_CUDA_ACT at create */
-    if (o.precision != NULL && setenv("MSV_CUDA_ACT", o.precision, 1) != 0) {
+    /* the CUDA backend reads its precision from MSV_CUDA_ACT and the
+     * batch-invariant mode from MSV_CUDA_INVARIANT at create */
+    if ((o.precision != NULL && setenv("MSV_CUDA_ACT", o.precision, 1) != 0)
+        || (o.batch_invariant && setenv("MSV_CUDA_INVARIANT", "1", 1) != 0))
+    {
         fprintf(stderr, "maskserve-worker: --precision: setenv failed\n");
         return 1;
     }
