@@ -9,11 +9,13 @@
 #      their Hugging Face logits;
 #   3. bench/engine.sh: the decode floor and the worker's decode and
 #      prefill rates (dummy qwen3-8b);
-#   4. t/05-worker-cli.t on --backend cuda;
+#   4. t/c/test_model (the fixtures on the CPU and both CUDA precisions)
+#      and t/05-worker-cli.t on --backend cuda;
 #   5. compute-sanitizer over the kernel checks (check_backend -k).
 #
 # Logs go to $OUT (default build-gpu/out): gpu.log (all of it), check.log,
-# engine.log, t05.log, sanitizer.log, engine.tar.gz (the per-step lines).
+# engine.log, test_model.log, t05.log, sanitizer.log, engine.tar.gz (the
+# per-step lines and rows).
 # yajl comes from the Debian packages in .debs/ when the system has none.
 
 set -u -o pipefail
@@ -49,11 +51,18 @@ echo "check.sh exit $?"
 grep -E "FAIL|fail|passed|comparisons|error" "$OUT/check.log" | head -40
 sed -n '/^case /,/comparisons within/p' "$OUT/check.log" | head -70
 
+stamp "t/c/test_model (fixtures on the CPU and CUDA backends)"
+timeout 30 "$B/t/test_model" > "$OUT/test_model.log" 2>&1
+echo "test_model exit $?"
+grep -c "^ok" "$OUT/test_model.log"
+grep -E "^not ok|^# " "$OUT/test_model.log" | head -10
+grep -E "^ok .*cuda .*: \((a|b|c)\)" "$OUT/test_model.log" | head -24
+
 stamp "bench/engine.sh"
-OUT=$B/engine timeout ${ENGINE_S:-100} bash bench/engine.sh \
+OUT=$B/engine timeout ${ENGINE_S:-130} bash bench/engine.sh \
     > "$OUT/engine.log" 2>&1
 echo "engine.sh exit $?"
-tail -25 "$OUT/engine.log"
+tail -32 "$OUT/engine.log"
 tar czf "$OUT/engine.tar.gz" -C "$B" engine 2>/dev/null
 
 stamp "t/05 on the CUDA backend"
