@@ -1200,8 +1200,7 @@ msv_cuda_head(struct msv_backend *b, uint32_t cap, uint32_t r0, uint32_t rc,
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_OTHER);
     if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc, b->slice, dst,
-                       0,
-                       b->tmp, b->stream, err, errlen) != 0)
+                       0, b->tmp, b->stream, err, errlen) != 0)
     {
         return -1;
     }
@@ -1586,6 +1585,8 @@ msv_cuda_sample_init(struct msv_backend *b, uint32_t max_rows,
     uint32_t max_slots, uint32_t max_logprobs, void *ring,
     size_t ring_bytes, char *err, size_t errlen)
 {
+    uint32_t  rows;
+
     if (max_rows > b->max_seqs) {
         return msv_cuda_err(err, errlen, "cuda: sampler: %u rows, the "
                             "backend has %u sequences", max_rows,
@@ -1596,7 +1597,10 @@ msv_cuda_sample_init(struct msv_backend *b, uint32_t max_rows,
     if (b->gs == NULL) {
         return -1;
     }
-    if (cudaMalloc((void **) &b->dlogits, (size_t) b->max_seqs
+    /* batch invariant: the lm_head writes whole slices of rows */
+    rows = b->slice != 0 ? MSV_CEIL_DIV(b->max_seqs, b->slice) * b->slice
+                         : b->max_seqs;
+    if (cudaMalloc((void **) &b->dlogits, (size_t) rows
                    * b->cfg.vocab_size * sizeof(float)) != cudaSuccess)
     {
         msv_gsampler_free(b->gs);
