@@ -14,7 +14,7 @@ MODEL    ?=
 
 SHM_SRC    := $(wildcard shm/*.c)
 WORKER_SRC := $(filter-out worker/main.c,$(wildcard worker/*.c))
-CU_SRC     := $(wildcard kernels/*.cu)
+CU_SRC     := $(filter-out kernels/kernel_check.cu,$(wildcard kernels/*.cu))
 TEST_SRC   := $(wildcard t/c/test_*.c)
 BENCH_SRC  := $(wildcard bench/*.c)
 

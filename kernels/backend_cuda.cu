@@ -5,9 +5,10 @@
  * checkpoint tensor is bf16 and become fp32 otherwise (fp32 as is, fp16
  * widened); norms and biases are fp32.  q/k/v and gate/up are fused into
  * one matrix each.  The residual stream and every intermediate are fp32;
- * products with bf16 weights read the activations split into bf16 hi +
- * lo (MSV_ACT_BF16X2, the default) or rounded to bf16
- * (MSV_CUDA_ACT=bf16).  KV is fp32 in pages of MSV_KV_BLOCK tokens.
+ * products with bf16 weights read the activations rounded to bf16 (the
+ * default precision) or split into bf16 hi + lo (MSV_ACT_BF16X2,
+ * MSV_CUDA_ACT=split).  KV is in pages of MSV_KV_BLOCK tokens, bf16 by
+ * default and fp32 in split precision.
  */
 
 #include <math.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "model.h"
@@ -30,6 +32,25 @@
 #define MSV_LM_CHUNK     512           /* logits rows per lm_head product */
 #define MSV_ALIGN_TOKENS 64            /* scratch grows in these steps */
 #define MSV_UPLOAD_CHUNK (1u << 22)    /* elements converted at a time */
+#define MSV_PART_MAX     (64u << 20)   /* floats of attention workspace */
+#define MSV_MAX_GRAPHS   64            /* captured decode steps kept */
+#define MSV_CUBLAS_WS    (32u << 20)   /* cuBLAS workspace, fixed for graphs */
+#define MSV_TM_EVENTS    1024          /* timing marks of one step */
+#define MSV_INV_ROWS     256           /* rows of a batch-invariant product */
+
+/* timing categories */
+#define MSV_TM_GEMM      0
+#define MSV_TM_ATTN      1
+#define MSV_TM_OTHER     2
+#define MSV_TM_COPY      3
+#define MSV_TM_CATS      4
+
+struct msv_cuda_graph {
+    uint32_t          cap;             /* tokens, padded */
+    uint32_t          max_ctx;         /* context bound of the attention */
+    int               dev;             /* logits into the sampler's rows */
+    cudaGraphExec_t   exec;
+};
 
 struct msv_cuda_layer {
     float            *attn_norm;       /* [hidden] */
@@ -48,6 +69,7 @@ struct msv_backend {
     uint32_t                  max_seqs;
     uint32_t                  max_len;
     int                       split;   /* bf16 products read hi + lo */
+    uint32_t                  slice;   /* batch invariant: rows a product */
     cudaStream_t              stream;
     cublasHandle_t            cublas;
 
@@ -58,10 +80,13 @@ struct msv_backend {
     float                    *inv_freq;        /* [head_dim / 2] */
     struct msv_cuda_layer    *layers;
 
-    /* KV: [layer][k, v][page][kv head][MSV_KV_BLOCK][head_dim] fp32 */
-    float                    *kv;
-    uint32_t                  n_pages;
-    size_t                    page_floats;
+    /* KV: [layer][k, v][page][kv head][MSV_KV_BLOCK][head_dim], bf16
+     * (kv_bf16) or fp32 */
+    void                     *kv;
+    int                       kv_bf16;
+    uint32_t                  n_pages;         /* pages sequences can own */
+    uint32_t                  n_pages_alloc;   /* + the pad page */
+    size_t                    page_elems;
     uint32_t                 *free_pages;      /* stack of free page ids */
     uint32_t                  n_free;
     uint32_t                  pages_per_seq;
@@ -75,11 +100,12 @@ struct msv_backend {
     uint32_t                  cap_tokens;
     float                    *x;               /* [T][hidden] residual */
     float                    *qkv;             /* [T][(nh + 2 nkv) hd] */
-    float                    *att;             /* [T][nh hd] */
     float                    *gu;              /* [T][2 inter] */
     void                     *act;             /* [T][max in] x 4 bytes */
     float                    *tmp;             /* BF16X2 products */
     float                    *logits;          /* [chunk][vocab] */
+    float                    *part;            /* attention splits */
+    size_t                    part_floats;
 
     /* sampling on the device: logits of every row stay there */
     struct msv_gsampler      *gs;
@@ -90,6 +116,24 @@ struct msv_backend {
     int32_t                  *meta_d;
     size_t                    meta_cap;
 
+    /* decode steps as CUDA graphs */
+    int                       use_graphs;
+    uint32_t                  graph_cap;       /* largest padded batch */
+    struct msv_cuda_graph     graphs[MSV_MAX_GRAPHS];
+    int                       n_graphs;
+    void                     *cublas_ws;
+
+    /* MSV_CUDA_TIMING: a line per forward */
+    FILE                     *tm_file;
+    uint32_t                  tm_detail;       /* every tm_detail-th step */
+    int                       tm_on;           /* this step: marks */
+    cudaEvent_t               tm_start, tm_end;
+    cudaEvent_t               tm_ev[MSV_TM_EVENTS];
+    int                       tm_cat[MSV_TM_EVENTS];
+    int                       tm_n;
+    uint64_t                  tm_step;
+    uint64_t                  tm_last_out;
+
     /* weight allocations */
     void                    **allocs;
     int                       n_allocs;
@@ -98,6 +142,18 @@ struct msv_backend {
 
 
 static void msv_cuda_destroy(struct msv_backend *b);
+static void msv_cuda_drop_graphs(struct msv_backend *b);
+static uint32_t msv_cuda_bucket(uint32_t n);
+
+
+static uint64_t
+msv_cuda_now_ns(void)
+{
+    struct timespec  ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
 
 
 static int
@@ -584,15 +640,20 @@ msv_cuda_init_kv(struct msv_backend *b, uint64_t kv_tokens, char *err,
                             "pages", (unsigned long long) kv_tokens);
     }
     b->n_pages = (uint32_t) pages;
-    b->page_floats = (size_t) c->n_kv_heads * MSV_KV_BLOCK * c->head_dim;
+    b->page_elems = (size_t) c->n_kv_heads * MSV_KV_BLOCK * c->head_dim;
+    b->kv_bf16 = !b->split;
 
-    bytes = (size_t) c->n_layers * 2 * b->n_pages * b->page_floats
-            * sizeof(float);
+    /* one more page than sequences can own: the padding tokens of decode
+     * graphs write and read it; zeroed so they compute on numbers */
+    b->n_pages_alloc = b->n_pages + 1;
+    bytes = (size_t) c->n_layers * 2 * b->n_pages_alloc * b->page_elems
+            * (b->kv_bf16 ? 2 : 4);
     if (msv_cuda_alloc(b, (void **) &b->kv, bytes, "the KV cache", err,
                        errlen) != 0)
     {
         return -1;
     }
+    MSV_CUDA_TRY(cudaMemset(b->kv, 0, bytes), err, errlen);
 
     b->free_pages = (uint32_t *) malloc(b->n_pages * sizeof(uint32_t));
     b->seq_pages = (uint32_t *) malloc((size_t) b->max_seqs
@@ -608,11 +669,58 @@ msv_cuda_init_kv(struct msv_backend *b, uint64_t kv_tokens, char *err,
                             "page tables");
     }
 
+    /* the workspace of split attention, for decode batches: up to
+     * max_seqs tokens of max_len, capped (larger batches fold) */
+    b->part_floats = attention_part_floats(b->max_seqs, c->n_heads,
+                                           c->head_dim, b->max_len);
+    if (b->part_floats > MSV_PART_MAX) {
+        b->part_floats = MSV_PART_MAX;
+    }
+    if (msv_cuda_alloc(b, (void **) &b->part, b->part_floats * sizeof(float),
+                       "the attention workspace", err, errlen) != 0)
+    {
+        return -1;
+    }
+
     /* pop order 0, 1, 2, ... */
     for (i = 0; i < b->n_pages; i++) {
         b->free_pages[i] = b->n_pages - 1 - i;
     }
     b->n_free = b->n_pages;
+    return 0;
+}
+
+
+/* MSV_CUDA_TIMING=FILE: a line per forward appended to FILE;
+ * MSV_CUDA_TIMING_DETAIL=N: every N-th step also runs without a graph,
+ * with events between launches, and its line gives the GPU time per kind
+ * of work. */
+static int
+msv_cuda_init_timing(struct msv_backend *b, char *err, size_t errlen)
+{
+    const char  *path, *detail;
+    int          i;
+
+    path = getenv("MSV_CUDA_TIMING");
+    if (path == NULL || path[0] == '\0') {
+        return 0;
+    }
+    b->tm_file = fopen(path, "a");
+    if (b->tm_file == NULL) {
+        return msv_cuda_err(err, errlen, "cuda: MSV_CUDA_TIMING=%s: cannot "
+                            "open for appending", path);
+    }
+    setvbuf(b->tm_file, NULL, _IOLBF, 0);
+    MSV_CUDA_TRY(cudaEventCreate(&b->tm_start), err, errlen);
+    MSV_CUDA_TRY(cudaEventCreate(&b->tm_end), err, errlen);
+
+    detail = getenv("MSV_CUDA_TIMING_DETAIL");
+    b->tm_detail = detail != NULL ? (uint32_t) strtoul(detail, NULL, 10) : 0;
+    if (b->tm_detail) {
+        for (i = 0; i < MSV_TM_EVENTS; i++) {
+            MSV_CUDA_TRY(cudaEventCreate(&b->tm_ev[i]), err, errlen);
+        }
+    }
     return 0;
 }
 
@@ -651,13 +759,29 @@ msv_cuda_create(const struct msv_model_config *cfg,
     b->max_len = max_len;
 
     mode = getenv("MSV_CUDA_ACT");
-    if (mode == NULL || mode[0] == '\0' || strcmp(mode, "split") == 0) {
-        b->split = 1;
-    } else if (strcmp(mode, "bf16") == 0) {
+    if (mode == NULL || mode[0] == '\0' || strcmp(mode, "bf16") == 0) {
         b->split = 0;
+    } else if (strcmp(mode, "split") == 0) {
+        b->split = 1;
     } else {
         msv_cuda_err(err, errlen, "cuda: MSV_CUDA_ACT=%s: expected \"split\" "
                      "or \"bf16\"", mode);
+        goto failed;
+    }
+
+    /* MSV_CUDA_INVARIANT=1 (--batch-invariant): every product in slices
+     * of MSV_INV_ROWS rows, so a row's logits do not depend on the batch */
+    mode = getenv("MSV_CUDA_INVARIANT");
+    if (mode != NULL && strcmp(mode, "1") == 0) {
+        if (b->split) {
+            msv_cuda_err(err, errlen, "cuda: MSV_CUDA_INVARIANT=1 needs the "
+                         "bf16 precision, not split");
+            goto failed;
+        }
+        b->slice = MSV_INV_ROWS;
+    } else if (mode != NULL && mode[0] != '\0' && strcmp(mode, "0") != 0) {
+        msv_cuda_err(err, errlen, "cuda: MSV_CUDA_INVARIANT=%s: expected 0 "
+                     "or 1", mode);
         goto failed;
     }
 
@@ -680,6 +804,27 @@ msv_cuda_create(const struct msv_model_config *cfg,
                      "failed");
         goto failed;
     }
+
+    if (msv_cuda_alloc(b, &b->cublas_ws, MSV_CUBLAS_WS, "the cuBLAS "
+                       "workspace", err, errlen) != 0)
+    {
+        goto failed;
+    }
+    if (cublasSetWorkspace(b->cublas, b->cublas_ws, MSV_CUBLAS_WS)
+        != CUBLAS_STATUS_SUCCESS)
+    {
+        msv_cuda_err(err, errlen, "cublas: cublasSetWorkspace failed");
+        goto failed;
+    }
+
+    if (msv_cuda_init_timing(b, err, errlen) != 0) {
+        goto failed;
+    }
+
+    mode = getenv("MSV_CUDA_GRAPHS");
+    b->use_graphs = !(mode != NULL && strcmp(mode, "0") == 0);
+    b->graph_cap = max_seqs < MSV_LM_CHUNK ? msv_cuda_bucket(max_seqs)
+                                           : MSV_LM_CHUNK;
 
     b->layers = (struct msv_cuda_layer *) calloc(cfg->n_layers,
                                                  sizeof(*b->layers));
@@ -765,12 +910,11 @@ msv_cuda_free_scratch(struct msv_backend *b)
 {
     cudaFree(b->x);
     cudaFree(b->qkv);
-    cudaFree(b->att);
     cudaFree(b->gu);
     cudaFree(b->act);
     cudaFree(b->tmp);
     cudaFree(b->logits);
-    b->x = b->qkv = b->att = b->gu = b->tmp = b->logits = NULL;
+    b->x = b->qkv = b->gu = b->tmp = b->logits = NULL;
     b->act = NULL;
     b->cap_tokens = 0;
 }
@@ -787,9 +931,11 @@ msv_cuda_scratch(struct msv_backend *b, uint32_t n_tokens, char *err,
         return 0;
     }
 
+    msv_cuda_drop_graphs(b);           /* they hold the old pointers */
     msv_cuda_free_scratch(b);
 
-    T = MSV_CEIL_DIV((size_t) n_tokens, MSV_ALIGN_TOKENS) * MSV_ALIGN_TOKENS;
+    T = b->slice > MSV_ALIGN_TOKENS ? b->slice : MSV_ALIGN_TOKENS;
+    T = MSV_CEIL_DIV((size_t) n_tokens, T) * T;
     q = (size_t) c->n_heads * c->head_dim;
     qkv = q + 2 * (size_t) c->n_kv_heads * c->head_dim;
     max_in = c->hidden;
@@ -806,8 +952,6 @@ msv_cuda_scratch(struct msv_backend *b, uint32_t n_tokens, char *err,
     MSV_CUDA_TRY(cudaMalloc((void **) &b->x, T * c->hidden * sizeof(float)),
                  err, errlen);
     MSV_CUDA_TRY(cudaMalloc((void **) &b->qkv, T * qkv * sizeof(float)),
-                 err, errlen);
-    MSV_CUDA_TRY(cudaMalloc((void **) &b->att, T * q * sizeof(float)),
                  err, errlen);
     MSV_CUDA_TRY(cudaMalloc((void **) &b->gu,
                             T * 2 * c->intermediate * sizeof(float)),
@@ -835,6 +979,7 @@ msv_cuda_meta(struct msv_backend *b, size_t n, char *err, size_t errlen)
         return 0;
     }
 
+    msv_cuda_drop_graphs(b);
     cudaFreeHost(b->meta_h);
     cudaFree(b->meta_d);
     b->meta_h = NULL;
@@ -851,31 +996,91 @@ msv_cuda_meta(struct msv_backend *b, size_t n, char *err, size_t errlen)
 }
 
 
+/* ---- per-step timing (MSV_CUDA_TIMING) ---------------------------------- */
+
+/* Close the segment that ends now: GPU time since the last mark goes to
+ * category cat.  Only on the steps MSV_CUDA_TIMING_DETAIL picks, which
+ * run without a graph. */
+static void
+msv_cuda_mark(struct msv_backend *b, int cat)
+{
+    if (!b->tm_on || b->tm_n >= MSV_TM_EVENTS) {
+        return;
+    }
+    if (cudaEventRecord(b->tm_ev[b->tm_n], b->stream) == cudaSuccess) {
+        b->tm_cat[b->tm_n++] = cat;
+    }
+}
+
+
+/* One line per forward: the batch, host and GPU times, the host gap
+ * since the previous forward returned, and the breakdown. */
+static void
+msv_cuda_timing_line(struct msv_backend *b, uint32_t n_seqs, uint32_t T,
+    uint32_t max_ctx, uint64_t t_in, uint64_t t_launch, int graph)
+{
+    double  cat[MSV_TM_CATS], gpu, ms;
+    float   f;
+    int     i;
+    uint64_t  t_out;
+
+    t_out = msv_cuda_now_ns();
+    gpu = 0.0;
+    memset(cat, 0, sizeof(cat));
+    if (cudaEventElapsedTime(&f, b->tm_start, b->tm_end) == cudaSuccess) {
+        gpu = f;
+    }
+    for (i = 1; i < b->tm_n; i++) {
+        if (cudaEventElapsedTime(&f, b->tm_ev[i - 1], b->tm_ev[i])
+            == cudaSuccess)
+        {
+            cat[b->tm_cat[i]] += f;
+        }
+    }
+    ms = 1e-6;
+    fprintf(b->tm_file, "step %llu seqs %u tokens %u max_ctx %u graph %d "
+            "detail %d "
+            "gap_ms %.4f host_ms %.4f gpu_ms %.4f wall_ms %.4f "
+            "gemm_ms %.4f attn_ms %.4f other_ms %.4f copy_ms %.4f\n",
+            (unsigned long long) b->tm_step++, n_seqs, T, max_ctx, graph,
+            b->tm_on,
+            b->tm_last_out != 0 ? (double) (t_in - b->tm_last_out) * ms : 0.0,
+            (double) (t_launch - t_in) * ms, gpu,
+            (double) (t_out - t_in) * ms, cat[MSV_TM_GEMM], cat[MSV_TM_ATTN],
+            cat[MSV_TM_OTHER], cat[MSV_TM_COPY]);
+    b->tm_last_out = msv_cuda_now_ns();
+}
+
+
+/* ---- the pass ----------------------------------------------------------- */
+
 /* One transformer layer over the batch's n tokens. */
 static int
 msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
-    const struct msv_kv_map *map, char *err, size_t errlen)
+    uint32_t max_ctx, const struct msv_kv_map *map, char *err, size_t errlen)
 {
     const struct msv_model_config  *c = &b->cfg;
     struct msv_cuda_layer          *L = &b->layers[l];
     struct msv_qkv_args             qa;
     struct msv_attn_args            aa;
-    const void                     *src;
-    size_t                          kv_floats;
+    size_t                          kv_bytes;
     int                             f;
 
-    kv_floats = (size_t) b->n_pages * b->page_floats;
+    kv_bytes = (size_t) b->n_pages_alloc * b->page_elems
+               * (b->kv_bf16 ? 2 : 4);
 
     /* attention block */
     f = msv_act_fmt_for(&L->qkv, b->split);
     MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, NULL, L->attn_norm, n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
-    if (linear_forward(b->cublas, &L->qkv, b->act, f, n, b->qkv, 0, b->tmp,
+    msv_cuda_mark(b, MSV_TM_OTHER);
+    if (linear_forward(b->cublas, &L->qkv, b->act, f, n, b->slice, b->qkv, 0, b->tmp,
                        b->stream, err, errlen) != 0)
     {
         return -1;
     }
+    msv_cuda_mark(b, MSV_TM_GEMM);
 
     memset(&qa, 0, sizeof(qa));
     qa.qkv = b->qkv;
@@ -889,12 +1094,16 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     qa.eps = c->rms_eps;
     qa.inv_freq = b->inv_freq;
     qa.kv = *map;
-    qa.kv.k_cache = b->kv + (size_t) l * 2 * kv_floats;
-    qa.kv.v_cache = qa.kv.k_cache + kv_floats;
+    qa.kv.k_cache = (char *) b->kv + (size_t) l * 2 * kv_bytes;
+    qa.kv.v_cache = (char *) qa.kv.k_cache + kv_bytes;
     MSV_CUDA_TRY(qkv_rope_forward(&qa, b->stream), err, errlen);
+    msv_cuda_mark(b, MSV_TM_OTHER);
 
+    /* attention writes the o product's input format directly */
+    f = msv_act_fmt_for(&L->o, b->split);
     memset(&aa, 0, sizeof(aa));
-    aa.out = b->att;
+    aa.out = b->act;
+    aa.out_fmt = f;
     aa.q = b->qkv;
     aa.q_stride = (c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
     aa.n_tokens = n;
@@ -903,42 +1112,193 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     aa.head_dim = c->head_dim;
     aa.scale = (float) (1.0 / sqrt((double) c->head_dim));
     aa.kv = qa.kv;
+    aa.max_ctx = max_ctx;
+    aa.part = b->part;
+    aa.part_floats = b->part_floats;
+    aa.mode = MSV_ATTN_AUTO;
     MSV_CUDA_TRY(attention_forward(&aa, b->stream), err, errlen);
+    msv_cuda_mark(b, MSV_TM_ATTN);
 
-    f = msv_act_fmt_for(&L->o, b->split);
-    src = b->att;
-    if (f != MSV_ACT_F32) {
-        MSV_CUDA_TRY(to_act_forward(b->act, f, b->att, n,
-                                    c->n_heads * c->head_dim, b->stream),
-                     err, errlen);
-        src = b->act;
-    }
-    if (linear_forward(b->cublas, &L->o, src, f, n, b->x, 1, b->tmp,
+    if (linear_forward(b->cublas, &L->o, b->act, f, n, b->slice, b->x, 1, b->tmp,
                        b->stream, err, errlen) != 0)
     {
         return -1;
     }
+    msv_cuda_mark(b, MSV_TM_GEMM);
 
     /* MLP block */
     f = msv_act_fmt_for(&L->gate_up, b->split);
     MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, NULL, L->ffn_norm, n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
-    if (linear_forward(b->cublas, &L->gate_up, b->act, f, n, b->gu, 0, b->tmp,
+    msv_cuda_mark(b, MSV_TM_OTHER);
+    if (linear_forward(b->cublas, &L->gate_up, b->act, f, n, b->slice, b->gu, 0, b->tmp,
                        b->stream, err, errlen) != 0)
     {
         return -1;
     }
+    msv_cuda_mark(b, MSV_TM_GEMM);
 
     f = msv_act_fmt_for(&L->down, b->split);
     MSV_CUDA_TRY(silu_mul_forward(b->act, f, b->gu, n, c->intermediate,
                                   b->stream), err, errlen);
-    if (linear_forward(b->cublas, &L->down, b->act, f, n, b->x, 1, b->tmp,
+    msv_cuda_mark(b, MSV_TM_OTHER);
+    if (linear_forward(b->cublas, &L->down, b->act, f, n, b->slice, b->x, 1, b->tmp,
                        b->stream, err, errlen) != 0)
     {
         return -1;
     }
+    msv_cuda_mark(b, MSV_TM_GEMM);
     return 0;
+}
+
+
+/* Embedding and every layer over n tokens described at meta_d (layout in
+ * msv_cuda_forward). */
+static int
+msv_cuda_body(struct msv_backend *b, uint32_t n, uint32_t cap,
+    uint32_t max_ctx, char *err, size_t errlen)
+{
+    const struct msv_model_config  *c = &b->cfg;
+    struct msv_kv_map               map;
+    uint32_t                        l;
+
+    map.pos = b->meta_d + cap;
+    map.tok_seq = b->meta_d + 2 * (size_t) cap;
+    map.page_off = b->meta_d + 3 * (size_t) cap;
+    map.pages = b->meta_d + 5 * (size_t) cap;
+    map.k_cache = NULL;
+    map.v_cache = NULL;
+    map.kv_bf16 = b->kv_bf16;
+
+    MSV_CUDA_TRY(embed_forward(b->x, b->embed, b->embed_dtype, b->meta_d, n,
+                               c->hidden, b->stream), err, errlen);
+    msv_cuda_mark(b, MSV_TM_OTHER);
+
+    for (l = 0; l < c->n_layers; l++) {
+        if (msv_cuda_layer(b, l, n, max_ctx, &map, err, errlen) != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+
+/* Final norm of rows rows[r0, r0 + rc) (meta_d + 4 cap) and the lm_head
+ * product into dst [rc][vocab] (b->logits, or the sampler's rows). */
+static int
+msv_cuda_head(struct msv_backend *b, uint32_t cap, uint32_t r0, uint32_t rc,
+    float *dst, char *err, size_t errlen)
+{
+    const struct msv_model_config  *c = &b->cfg;
+    int                             f;
+
+    f = msv_act_fmt_for(&b->lm_head, b->split);
+    MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, b->meta_d + 4 * (size_t) cap
+                                 + r0, b->final_norm, rc, c->hidden,
+                                 c->rms_eps, b->stream),
+                 err, errlen);
+    msv_cuda_mark(b, MSV_TM_OTHER);
+    if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc, b->slice, dst,
+                       0, b->tmp, b->stream, err, errlen) != 0)
+    {
+        return -1;
+    }
+    msv_cuda_mark(b, MSV_TM_GEMM);
+    return 0;
+}
+
+
+static void
+msv_cuda_drop_graphs(struct msv_backend *b)
+{
+    int  i;
+
+    for (i = 0; i < b->n_graphs; i++) {
+        cudaGraphExecDestroy(b->graphs[i].exec);
+    }
+    b->n_graphs = 0;
+}
+
+
+/* Decode batches of n tokens run padded to a bucket: powers of two up
+ * to 8, then multiples of 16 up to 128, then of 32. */
+static uint32_t
+msv_cuda_bucket(uint32_t n)
+{
+    uint32_t  b;
+
+    if (n <= 8) {
+        for (b = 1; b < n; b <<= 1) { }
+        return b;
+    }
+    if (n <= 128) {
+        return MSV_CEIL_DIV(n, 16u) * 16;
+    }
+    return MSV_CEIL_DIV(n, 32u) * 32;
+}
+
+
+/*
+ * The graph of a decode step over cap tokens whose longest context is at
+ * most max_ctx: body and head captured once, replayed after the batch
+ * description is copied in.  NULL (and graphs off for good) when the
+ * capture fails; the step then runs eagerly.  dev: the lm_head writes
+ * the sampler's device rows instead of the chunk copied to the host.
+ */
+static cudaGraphExec_t
+msv_cuda_graph(struct msv_backend *b, uint32_t cap, uint32_t max_ctx, int dev)
+{
+    cudaGraph_t      g;
+    cudaGraphExec_t  x;
+    cudaError_t      e;
+    char             err[256];
+    int              i, rc;
+
+    for (i = 0; i < b->n_graphs; i++) {
+        if (b->graphs[i].cap == cap && b->graphs[i].max_ctx == max_ctx
+            && b->graphs[i].dev == dev)
+        {
+            return b->graphs[i].exec;
+        }
+    }
+    if (b->n_graphs == MSV_MAX_GRAPHS) {
+        return NULL;
+    }
+
+    if (cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal)
+        != cudaSuccess)
+    {
+        (void) cudaGetLastError();
+        b->use_graphs = 0;
+        return NULL;
+    }
+    rc = msv_cuda_body(b, cap, cap, max_ctx, err, sizeof(err));
+    if (rc == 0) {
+        rc = msv_cuda_head(b, cap, 0, cap, dev ? b->dlogits : b->logits, err,
+                           sizeof(err));
+    }
+    g = NULL;
+    e = cudaStreamEndCapture(b->stream, &g);
+    x = NULL;
+    if (rc != 0 || e != cudaSuccess || g == NULL
+        || cudaGraphInstantiate(&x, g, 0) != cudaSuccess)
+    {
+        if (g != NULL) {
+            cudaGraphDestroy(g);
+        }
+        (void) cudaGetLastError();
+        b->use_graphs = 0;
+        return NULL;
+    }
+    cudaGraphDestroy(g);
+
+    b->graphs[b->n_graphs].cap = cap;
+    b->graphs[b->n_graphs].max_ctx = max_ctx;
+    b->graphs[b->n_graphs].dev = dev;
+    b->graphs[b->n_graphs].exec = x;
+    b->n_graphs++;
+    return x;
 }
 
 
@@ -947,14 +1307,16 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     float *logits, char *err, size_t errlen)
 {
     const struct msv_model_config  *c = &b->cfg;
-    struct msv_kv_map               map;
-    uint64_t                        T64, P64;
-    uint32_t                        s, seq, n, p0, T, P, R, r0, rc, l, k, t;
-    uint32_t                        np, *sp;
+    uint64_t                        T64, P64, t_in, t_launch;
+    uint32_t                        s, seq, n, p0, T, P, R, r0, rc, k, t;
+    uint32_t                        np, *sp, max_ctx, cap, gctx, decode;
     int32_t                        *tok, *pos, *tseq, *poff, *pages, *rows;
     size_t                          meta_n;
+    cudaGraphExec_t                 gx;
+    int                             dev;
     cudaError_t                     e;
-    int                             f;
+
+    t_in = b->tm_file != NULL ? msv_cuda_now_ns() : 0;
 
     if (bt == NULL || bt->n_seqs == 0 || bt->seq == NULL
         || bt->n_new == NULL || bt->pos0 == NULL || bt->tokens == NULL)
@@ -974,6 +1336,7 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
 
     T64 = 0;
     P64 = 0;
+    max_ctx = 0;
     for (s = 0; s < bt->n_seqs; s++) {
         seq = bt->seq[s];
         n = bt->n_new[s];
@@ -1004,8 +1367,9 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
         }
         T64 += n;
         P64 += MSV_CEIL_DIV(p0 + n, MSV_KV_BLOCK);
+        max_ctx = p0 + n > max_ctx ? p0 + n : max_ctx;
     }
-    if (T64 > INT32_MAX / 2) {
+    if (T64 > INT32_MAX / 8) {
         return msv_cuda_err(err, errlen, "cuda: forward: %llu tokens in one "
                             "batch", (unsigned long long) T64);
     }
@@ -1021,20 +1385,45 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
         }
     }
 
-    /* batch description: tok[T] pos[T] tseq[T] poff[S] pages[P] rows[R] */
-    meta_n = 3 * (size_t) T + bt->n_seqs + P + R;
+    /* A decode step (one new token per sequence, last-token logits) runs
+     * as a graph padded to cap tokens; its attention is captured for a
+     * context bound gctx (a power-of-two number of splits). */
+    dev = logits == NULL;
+    decode = T == bt->n_seqs && !bt->all_logits;
+    cap = T;
+    gctx = max_ctx;
+    b->tm_on = b->tm_file != NULL && b->tm_detail != 0
+               && b->tm_step % b->tm_detail == 0;
+    if (decode && b->use_graphs && !b->tm_on
+        && msv_cuda_bucket(T) <= b->graph_cap
+        && (!dev || msv_cuda_bucket(T) <= b->max_seqs))
+    {
+        cap = msv_cuda_bucket(T);
+        for (gctx = MSV_ATTN_SPLIT; gctx < max_ctx; gctx <<= 1) { }
+    } else {
+        decode = 0;
+    }
+
+    /*
+     * The batch description, one int32 array in pinned memory, each part
+     * at a fixed offset for cap tokens: tok[cap] pos[cap] tseq[cap]
+     * poff[cap] rows[cap] pages[P + 1].  Padding tokens (decode graphs)
+     * are token 0 at position 0 of their own sequence, whose one page is
+     * the pad page that no sequence owns.
+     */
+    meta_n = 5 * (size_t) cap + P + 1;
     if (msv_cuda_meta(b, meta_n, err, errlen) != 0
-        || msv_cuda_scratch(b, T, err, errlen) != 0)
+        || msv_cuda_scratch(b, cap, err, errlen) != 0)
     {
         return -1;
     }
 
     tok = b->meta_h;
-    pos = tok + T;
-    tseq = pos + T;
-    poff = tseq + T;
-    pages = poff + bt->n_seqs;
-    rows = pages + P;
+    pos = tok + cap;
+    tseq = pos + cap;
+    poff = tseq + cap;
+    rows = poff + cap;
+    pages = rows + cap;
 
     memcpy(tok, bt->tokens, T * sizeof(int32_t));
     t = 0;
@@ -1061,57 +1450,65 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
             pages[P++] = (int32_t) sp[k];
         }
     }
+    pages[P] = (int32_t) b->n_pages;           /* the pad page */
+    for (t = T; t < cap; t++) {
+        tok[t] = 0;
+        pos[t] = 0;
+        tseq[t] = (int32_t) t;
+        poff[t] = (int32_t) P;
+        rows[t] = (int32_t) t;
+    }
 
+    if (b->tm_file != NULL) {
+        b->tm_n = 0;
+        MSV_CUDA_TRY(cudaEventRecord(b->tm_start, b->stream), err, errlen);
+    }
     MSV_CUDA_TRY(cudaMemcpyAsync(b->meta_d, b->meta_h,
                                  meta_n * sizeof(int32_t),
                                  cudaMemcpyHostToDevice, b->stream),
                  err, errlen);
+    msv_cuda_mark(b, MSV_TM_COPY);
 
-    map.pos = b->meta_d + T;
-    map.tok_seq = b->meta_d + 2 * (size_t) T;
-    map.page_off = b->meta_d + 3 * (size_t) T;
-    map.pages = map.page_off + bt->n_seqs;
-    map.k_cache = NULL;
-    map.v_cache = NULL;
+    gx = decode ? msv_cuda_graph(b, cap, gctx, dev) : NULL;
+    if (gx != NULL) {
+        MSV_CUDA_TRY(cudaGraphLaunch(gx, b->stream), err, errlen);
+        t_launch = b->tm_file != NULL ? msv_cuda_now_ns() : 0;
+        if (!dev) {
+            MSV_CUDA_TRY(cudaMemcpyAsync(logits, b->logits,
+                                         (size_t) R * c->vocab_size
+                                         * sizeof(float),
+                                         cudaMemcpyDeviceToHost, b->stream),
+                         err, errlen);
+        }
 
-    MSV_CUDA_TRY(embed_forward(b->x, b->embed, b->embed_dtype, b->meta_d, T,
-                               c->hidden, b->stream), err, errlen);
-
-    for (l = 0; l < c->n_layers; l++) {
-        if (msv_cuda_layer(b, l, T, &map, err, errlen) != 0) {
+    } else {
+        if (msv_cuda_body(b, T, cap, max_ctx, err, errlen) != 0) {
             return -1;
         }
-    }
-
-    /* final norm of the wanted rows, lm_head, copy out */
-    f = msv_act_fmt_for(&b->lm_head, b->split);
-    for (r0 = 0; r0 < R; r0 += rc) {
-        rc = R - r0 < MSV_LM_CHUNK ? R - r0 : MSV_LM_CHUNK;
-        MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x,
-                                     map.pages + P + r0, b->final_norm, rc,
-                                     c->hidden, c->rms_eps, b->stream),
-                     err, errlen);
-        if (logits == NULL) {
-            /* the sampler reads them where they are */
-            if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc,
-                               b->dlogits + (size_t) r0 * c->vocab_size, 0,
-                               b->tmp, b->stream, err, errlen) != 0)
+        for (r0 = 0; r0 < R; r0 += rc) {
+            rc = R - r0 < MSV_LM_CHUNK ? R - r0 : MSV_LM_CHUNK;
+            if (msv_cuda_head(b, cap, r0, rc,
+                              dev ? b->dlogits + (size_t) r0 * c->vocab_size
+                                  : b->logits, err, errlen) != 0)
             {
                 return -1;
             }
-            continue;
+            if (dev) {
+                continue;   /* the sampler reads them where they are */
+            }
+            MSV_CUDA_TRY(cudaMemcpyAsync(logits + (size_t) r0 * c->vocab_size,
+                                         b->logits,
+                                         (size_t) rc * c->vocab_size
+                                         * sizeof(float),
+                                         cudaMemcpyDeviceToHost, b->stream),
+                         err, errlen);
+            msv_cuda_mark(b, MSV_TM_COPY);
         }
-        if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc, b->logits,
-                           0, b->tmp, b->stream, err, errlen) != 0)
-        {
-            return -1;
-        }
-        MSV_CUDA_TRY(cudaMemcpyAsync(logits + (size_t) r0 * c->vocab_size,
-                                     b->logits,
-                                     (size_t) rc * c->vocab_size
-                                     * sizeof(float),
-                                     cudaMemcpyDeviceToHost, b->stream),
-                     err, errlen);
+        t_launch = b->tm_file != NULL ? msv_cuda_now_ns() : 0;
+    }
+
+    if (b->tm_file != NULL) {
+        MSV_CUDA_TRY(cudaEventRecord(b->tm_end, b->stream), err, errlen);
     }
 
     e = cudaStreamSynchronize(b->stream);
@@ -1124,6 +1521,11 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
 
     for (s = 0; s < bt->n_seqs; s++) {
         b->seq_len[bt->seq[s]] = bt->pos0[s] + bt->n_new[s];
+    }
+
+    if (b->tm_file != NULL) {
+        msv_cuda_timing_line(b, bt->n_seqs, T, max_ctx, t_in, t_launch,
+                             gx != NULL);
     }
     return 0;
 }
@@ -1140,6 +1542,15 @@ msv_cuda_destroy(struct msv_backend *b)
 
     if (b->stream != NULL) {
         cudaStreamSynchronize(b->stream);
+    }
+    msv_cuda_drop_graphs(b);
+    if (b->tm_file != NULL) {
+        fclose(b->tm_file);
+        cudaEventDestroy(b->tm_start);
+        cudaEventDestroy(b->tm_end);
+        for (i = 0; b->tm_detail && i < MSV_TM_EVENTS; i++) {
+            cudaEventDestroy(b->tm_ev[i]);
+        }
     }
     msv_cuda_free_scratch(b);
     msv_gsampler_free(b->gs);
@@ -1174,6 +1585,8 @@ msv_cuda_sample_init(struct msv_backend *b, uint32_t max_rows,
     uint32_t max_slots, uint32_t max_logprobs, void *ring,
     size_t ring_bytes, char *err, size_t errlen)
 {
+    uint32_t  rows;
+
     if (max_rows > b->max_seqs) {
         return msv_cuda_err(err, errlen, "cuda: sampler: %u rows, the "
                             "backend has %u sequences", max_rows,
@@ -1184,7 +1597,10 @@ msv_cuda_sample_init(struct msv_backend *b, uint32_t max_rows,
     if (b->gs == NULL) {
         return -1;
     }
-    if (cudaMalloc((void **) &b->dlogits, (size_t) b->max_seqs
+    /* batch invariant: the lm_head writes whole slices of rows */
+    rows = b->slice != 0 ? MSV_CEIL_DIV(b->max_seqs, b->slice) * b->slice
+                         : b->max_seqs;
+    if (cudaMalloc((void **) &b->dlogits, (size_t) rows
                    * b->cfg.vocab_size * sizeof(float)) != cudaSuccess)
     {
         msv_gsampler_free(b->gs);

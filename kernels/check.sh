@@ -4,7 +4,8 @@
 # (tiny preset, each t/fixtures/* model, qwen3-0.6b), the fixtures
 # against their Hugging Face logits, and decode timing for qwen3-8b.
 #
-#   sh kernels/check.sh [check_backend options: -n no timing, -q quick]
+#   sh kernels/check.sh [check_backend options: -n no timing, -q quick,
+#                        -k kernel checks only]
 #
 # Environment: B (build directory, default build-cuda), JOBS (make -j,
 # default 2), CC, NVCC, CUDA_HOME, and CPPFLAGS / LDFLAGS for libraries
@@ -36,9 +37,14 @@ fi
 make -j"${JOBS:-2}" B="$B" "$B/libmsv_worker.a" "$B/libmsv_shm.a"
 
 mkdir -p "$B/kernels"
+# the host-array kernel wrappers are test code: built here, not part of
+# libmsv_worker.a
+"$NVCC" -O2 -g -gencode arch=compute_90,code=sm_90 -Ishm -Iworker \
+    -DMSV_HAVE_CUDA=1 -c kernels/kernel_check.cu -o "$B/kernels/kernel_check.o"
 $CC -std=gnu11 -O2 -g -Wall -Wextra -Wno-unused-parameter -pthread \
     ${CPPFLAGS:-} -Ishm -Iworker -Ikernels -DMSV_HAVE_CUDA=1 \
     -o "$B/kernels/check_backend" kernels/check_backend.c \
+    "$B/kernels/kernel_check.o" \
     "$B/libmsv_worker.a" "$B/libmsv_shm.a" \
     ${LDFLAGS:-} -L"$CUDA_HOME/lib64" \
     -L"$CUDA_HOME/targets/x86_64-linux/lib" \

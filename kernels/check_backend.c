@@ -257,6 +257,23 @@ twin_rmsnorm(float *out, const float *x, const int32_t *rows, const float *w,
 }
 
 
+/* f rounded to the nearest bf16 (ties to even), as a float. */
+static float
+chk_round_bf16(float f)
+{
+    uint32_t  u;
+
+    memcpy(&u, &f, sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return f;
+    }
+    u += 0x7fffu + ((u >> 16) & 1);
+    u &= 0xffff0000u;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+
 /* Cache offset of (token t's slot, kv head). */
 static size_t
 twin_slot(const struct msv_check_kv *kv, uint32_t n_kv_heads,
@@ -331,7 +348,8 @@ twin_qkv_rope(float *qkv, uint32_t nh, uint32_t nkv, uint32_t hd,
                                 is_k ? h - nh : h - nh - nkv);
                 cache = is_k ? kv->k_cache : kv->v_cache;
                 for (d = 0; d < hd; d++) {
-                    cache[off + d] = (float) v[d];
+                    cache[off + d] = kv->kv_bf16 ? chk_round_bf16((float) v[d])
+                                                 : (float) v[d];
                     written[off + d] |= is_k ? 1 : 2;
                 }
             }
@@ -559,10 +577,12 @@ check_qkv_rope(void)
     float                         *kc, *vc, *rkc, *rvc, *gk, *gv, *rk, *rv;
     uint8_t                       *written;
     size_t                         nq, cache, i, nw, bad;
-    double                         e1, e2;
+    double                         e1, e2, e3;
+    int                            kb;
 
-    for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-        c = &cases[k];
+    for (k = 0; k < 2 * sizeof(cases) / sizeof(cases[0]); k++) {
+        c = &cases[k / 2];
+        kb = k % 2;
         for (s = 0; s < c->n_seqs; s++) {
             ctx[s] = 1 + chk_below(c->max_ctx);
             n_new[s] = 1 + chk_below(ctx[s] < 19 ? ctx[s] : 19);
@@ -600,14 +620,15 @@ check_qkv_rope(void)
             inv[i] = (float) pow(10000.0, -2.0 * i / c->hd);
         }
         for (i = 0; i < cache; i++) {
-            kc[i] = -777.0f;     /* poison: must survive where unwritten */
-            vc[i] = -777.0f;
+            kc[i] = -768.0f;     /* poison (exact in bf16): must survive */
+            vc[i] = -768.0f;     /* where unwritten */
         }
         memcpy(rkc, kc, cache * sizeof(float));
         memcpy(rvc, vc, cache * sizeof(float));
 
         m.kv.k_cache = kc;
         m.kv.v_cache = vc;
+        m.kv.kv_bf16 = kb;
         if (msv_cuda_run_qkv_rope(qkv, c->nh, c->nkv, c->hd,
                                   c->bias ? bias : NULL,
                                   c->norm ? qn : NULL, c->norm ? kn : NULL,
@@ -635,23 +656,27 @@ check_qkv_rope(void)
                     rk[nw] = rkc[i];
                     rv[nw] = rvc[i];
                     nw++;
-                } else if (kc[i] != -777.0f || vc[i] != -777.0f) {
+                } else if (kc[i] != -768.0f || vc[i] != -768.0f) {
                     bad++;
                 }
             }
+            /* a bf16 store rounds the fp32 result: within one bf16 step
+             * (2^-8 relative) of the rounded reference */
             e1 = chk_rel_rows(qkv, ref, m.kv.n_tokens, (size_t) heads * c->hd);
             e2 = chk_rel(gk, rk, nw);
-            e1 = isnan(e2) || e2 > e1 ? e2 : e1;
-            e2 = chk_rel(gv, rv, nw);
-            e1 = isnan(e2) || e2 > e1 ? e2 : e1;
+            e3 = chk_rel(gv, rv, nw);
+            e2 = isnan(e3) || e3 > e2 ? e3 : e2;
             if (bad != 0) {
                 chk_fail("kernel qkv_rope nh=%u nkv=%u hd=%u: %zu cache "
                          "entries written outside the batch's slots",
                          c->nh, c->nkv, c->hd, bad);
             }
             chk_record(e1, CHK_TOL_KERNEL, "kernel qkv_rope nh=%u nkv=%u "
-                       "hd=%u T=%u%s%s", c->nh, c->nkv, c->hd, m.kv.n_tokens,
-                       c->bias ? " bias" : "", c->norm ? " qknorm" : "");
+                       "hd=%u T=%u%s%s%s", c->nh, c->nkv, c->hd,
+                       m.kv.n_tokens, c->bias ? " bias" : "",
+                       c->norm ? " qknorm" : "", kb ? " kv-bf16" : "");
+            chk_record(e2, kb ? 4e-3 : CHK_TOL_KERNEL, "kernel kv store "
+                       "nkv=%u hd=%u%s", c->nkv, c->hd, kb ? " bf16" : "");
             free(gk);
             free(gv);
             free(rk);
@@ -692,16 +717,20 @@ check_attention(void)
         { 2, 1, 256, 3, 100, 1.0f, 0 },
         { 6, 2, 64, 3, 90, 1.0f, 1 },
         { 4, 4, 6, 2, 17, 2.0f, 0 },
+        { 32, 8, 128, 6, 3000, 1.0f, 0 },
+        { 10, 2, 128, 3, 129, 1.0f, 0 },
     };
     const struct attn_case        *c;
     struct chk_map                 m;
     char                           err[512];
     uint32_t                       ctx[8], n_new[8], s, k, stride;
-    float                         *q, *out, *ref, *kc, *vc;
+    float                         *q, *out, *out2, *ref, *kc, *vc;
     size_t                         nq, nout, cache, i;
+    int                            kb;
 
-    for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-        c = &cases[k];
+    for (k = 0; k < 2 * sizeof(cases) / sizeof(cases[0]); k++) {
+        c = &cases[k / 2];
+        kb = k % 2;
         for (s = 0; s < c->n_seqs; s++) {
             ctx[s] = 1 + chk_below(c->max_ctx);
             n_new[s] = 1 + chk_below(ctx[s] < 9 ? ctx[s] : 9);
@@ -718,6 +747,7 @@ check_attention(void)
 
         q = chk_alloc(nq * sizeof(float));
         out = chk_alloc(nout * sizeof(float));
+        out2 = chk_alloc(nout * sizeof(float));
         ref = chk_alloc(nout * sizeof(float));
         kc = chk_alloc(cache * sizeof(float));
         vc = chk_alloc(cache * sizeof(float));
@@ -730,32 +760,126 @@ check_attention(void)
                 kc[i] = 0.25f;
             }
         }
+        if (kb) {           /* the twin reads what the bf16 cache holds */
+            for (i = 0; i < cache; i++) {
+                kc[i] = chk_round_bf16(kc[i]);
+                vc[i] = chk_round_bf16(vc[i]);
+            }
+        }
         chk_poison(out, nout);
+        chk_poison(out2, nout);
 
         m.kv.k_cache = kc;
         m.kv.v_cache = vc;
+        m.kv.kv_bf16 = kb;
         if (msv_cuda_run_attention(out, q, stride, c->nh, c->nkv, c->hd,
-                                   (float) (1.0 / sqrt(c->hd)), &m.kv, err,
-                                   sizeof(err)) != 0)
+                                   (float) (1.0 / sqrt(c->hd)), &m.kv,
+                                   MSV_CHECK_ATTN_FOLD, err, sizeof(err)) != 0
+            || msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv, c->hd,
+                                      (float) (1.0 / sqrt(c->hd)), &m.kv,
+                                      MSV_CHECK_ATTN_PARALLEL, err,
+                                      sizeof(err)) != 0)
         {
             chk_fail("kernel attention: %s", err);
         } else {
+            /* batch invariance: one block walking the splits and one
+             * block per split + merge give the same bits */
+            if (memcmp(out, out2, nout * sizeof(float)) != 0) {
+                chk_fail("kernel attention nh=%u nkv=%u hd=%u%s: serial "
+                         "and split forms differ", c->nh, c->nkv, c->hd,
+                         kb ? " kv-bf16" : "");
+            }
             twin_attention(ref, q, stride, c->nh, c->nkv, c->hd,
                            (float) (1.0 / sqrt(c->hd)), &m.kv);
             chk_record(chk_rel_rows(out, ref, (size_t) m.kv.n_tokens * c->nh,
                                     c->hd),
                        CHK_TOL_KERNEL, "kernel attention nh=%u nkv=%u hd=%u "
-                       "T=%u%s%s", c->nh, c->nkv, c->hd, m.kv.n_tokens,
+                       "T=%u%s%s%s", c->nh, c->nkv, c->hd, m.kv.n_tokens,
                        c->qscale > 1.0f ? " peaked" : "",
-                       c->ties ? " ties" : "");
+                       c->ties ? " ties" : "", kb ? " kv-bf16" : "");
         }
 
         free(q);
         free(out);
+        free(out2);
         free(ref);
         free(kc);
         free(vc);
         chk_map_free(&m);
+    }
+}
+
+
+static float
+chk_bf16_val(uint16_t h)
+{
+    uint32_t  u = (uint32_t) h << 16;
+    float     f;
+
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+
+static uint16_t chk_to_bf16(float f);
+
+
+/* The small-batch GEMV path against a double-precision product. */
+static void
+check_gemv(void)
+{
+    static const uint32_t  cases[][4] = {   /* rows, cols, n, accumulate */
+        { 37, 8, 1, 0 }, { 4096, 4096, 1, 1 }, { 1000, 12288, 3, 0 },
+        { 6144, 4096, 8, 1 }, { 33, 2056, 5, 0 }, { 151, 1024, 2, 1 },
+        { 1, 64, 7, 0 },
+    };
+    char       err[512];
+    uint16_t  *w, *x;
+    float     *out, *ref;
+    double     sum;
+    uint32_t   k, r, m, i, rows, cols, n;
+    size_t     nw;
+
+    for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        rows = cases[k][0];
+        cols = cases[k][1];
+        n = cases[k][2];
+        nw = (size_t) rows * cols;
+        w = chk_alloc(nw * sizeof(uint16_t));
+        x = chk_alloc((size_t) n * cols * sizeof(uint16_t));
+        out = chk_alloc((size_t) n * rows * sizeof(float));
+        ref = chk_alloc((size_t) n * rows * sizeof(float));
+        for (i = 0; i < nw; i++) {
+            w[i] = chk_to_bf16((float) (chk_uniform() * 2.0 - 1.0)
+                               / sqrtf((float) cols));
+        }
+        for (i = 0; i < n * cols; i++) {
+            x[i] = chk_to_bf16((float) (chk_uniform() * 4.0 - 2.0));
+        }
+        chk_fill(out, (size_t) n * rows, 1.0f);
+        for (m = 0; m < n; m++) {
+            for (r = 0; r < rows; r++) {
+                sum = cases[k][3] ? out[(size_t) m * rows + r] : 0.0;
+                for (i = 0; i < cols; i++) {
+                    sum += (double) chk_bf16_val(w[(size_t) r * cols + i])
+                           * chk_bf16_val(x[(size_t) m * cols + i]);
+                }
+                ref[(size_t) m * rows + r] = (float) sum;
+            }
+        }
+        if (msv_cuda_run_gemv(out, w, x, rows, cols, n, (int) cases[k][3],
+                              err, sizeof(err)) != 0)
+        {
+            chk_fail("kernel gemv: %s", err);
+        } else {
+            chk_record(chk_rel_rows(out, ref, n, rows), CHK_TOL_KERNEL,
+                       "kernel gemv %ux%u n=%u%s", rows, cols, n,
+                       cases[k][3] ? " accumulate" : "");
+        }
+        free(w);
+        free(x);
+        free(out);
+        free(ref);
     }
 }
 
@@ -1156,11 +1280,10 @@ static void
 check_model_modes(const char *name, const struct msv_model_config *cfg,
     const struct msv_weights *w)
 {
-    if (!chk_any_bf16(w)) {
-        check_model(name, cfg, w, "split", CHK_TOL_F32);
-        return;
-    }
-    check_model(name, cfg, w, "split", CHK_TOL_BF16);
+    /* split: fp32 KV and hi + lo products; bf16: bf16 KV (and bf16
+     * activations for bf16 weights) */
+    check_model(name, cfg, w, "split",
+                chk_any_bf16(w) ? CHK_TOL_BF16 : CHK_TOL_F32);
     check_model(name, cfg, w, "bf16", CHK_TOL_BF16_ACT);
 }
 
@@ -1325,7 +1448,7 @@ hf_ref_load(const char *dir, struct hf_ref *r, char *err, size_t errlen)
 static void
 check_hf(const char *name, const struct msv_backend_ops *ops,
     const struct msv_model_config *cfg, const struct msv_weights *w,
-    const struct hf_ref *r, double tol)
+    const struct hf_ref *r, const char *act, double tol)
 {
     struct msv_backend  *b;
     struct msv_batch     bt;
@@ -1342,7 +1465,7 @@ check_hf(const char *name, const struct msv_backend_ops *ops,
         return;
     }
 
-    setenv("MSV_CUDA_ACT", "split", 1);
+    setenv("MSV_CUDA_ACT", act, 1);
     b = ops->create(cfg, w, CHK_MAX_SEQS, CHK_MAX_LEN, 0, chk_threads, err,
                     sizeof(err));
     unsetenv("MSV_CUDA_ACT");
@@ -1406,7 +1529,9 @@ check_hf(const char *name, const struct msv_backend_ops *ops,
         }
     }
 
-    chk_record(worst, tol, "%s %s vs hf float64", name, ops->name);
+    chk_record(worst, tol, "%s %s%s%s vs hf float64", name, ops->name,
+               ops == &msv_backend_cpu ? "" : " ",
+               ops == &msv_backend_cpu ? "" : act);
 
 done:
     ops->destroy(b);
@@ -1458,8 +1583,11 @@ check_fixtures(const char *dir)
             chk_fail("fixture %s: %s", ents[i]->d_name, err);
         } else {
             check_hf(ents[i]->d_name, msv_backend_cuda(), &cfg, &w, &ref,
-                     tol);
-            check_hf(ents[i]->d_name, &msv_backend_cpu, &cfg, &w, &ref, tol);
+                     "split", tol);
+            check_hf(ents[i]->d_name, msv_backend_cuda(), &cfg, &w, &ref,
+                     "bf16", CHK_TOL_BF16_ACT);
+            check_hf(ents[i]->d_name, &msv_backend_cpu, &cfg, &w, &ref,
+                     "split", tol);
             hf_ref_free(&ref);
         }
 
@@ -1756,18 +1884,22 @@ main(int argc, char **argv)
     char                     err[512];
     long                     ncpu;
     int                      opt, timing = 1, big = 1, i, n_ok;
+    int                      only_kernels = 0;
     uint64_t                 seed;
     char                    *end;
 
     seed = (uint64_t) time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t) getpid();
 
-    while ((opt = getopt(argc, argv, "f:nqs:")) != -1) {
+    while ((opt = getopt(argc, argv, "f:knqs:")) != -1) {
         switch (opt) {
         case 'f':
             fixtures = optarg;
             break;
         case 'n':
             timing = 0;
+            break;
+        case 'k':
+            only_kernels = 1;
             break;
         case 'q':
             big = 0;
@@ -1782,7 +1914,7 @@ main(int argc, char **argv)
             }
             break;
         default:
-            fprintf(stderr, "usage: %s [-f fixtures_dir] [-n] [-q] "
+            fprintf(stderr, "usage: %s [-f fixtures_dir] [-k] [-n] [-q] "
                     "[-s seed]\n", argv[0]);
             return 2;
         }
@@ -1804,6 +1936,13 @@ main(int argc, char **argv)
     check_rmsnorm();
     check_qkv_rope();
     check_attention();
+    check_gemv();
+
+    if (only_kernels) {
+        timing = 0;
+        big = 0;
+        goto report;
+    }
 
     if (msv_config_preset("tiny", &cfg, err, sizeof(err)) != 0
         || msv_weights_dummy(&cfg, 1, &w, err, sizeof(err)) != 0)
@@ -1831,6 +1970,7 @@ main(int argc, char **argv)
         }
     }
 
+report:
     n_ok = 0;
     for (i = 0; i < chk_n_results; i++) {
         n_ok += chk_results[i].ok;

@@ -56,6 +56,32 @@ msv_store_act(void *out, int fmt, size_t rows, size_t row, size_t cols,
     }
 }
 
+/* KV cache elements: fp32 (split precision) or bf16, read as fp32. */
+static __device__ __forceinline__ void
+msv_kv_put(float *p, float v)
+{
+    *p = v;
+}
+
+static __device__ __forceinline__ void
+msv_kv_put(__nv_bfloat16 *p, float v)
+{
+    *p = __float2bfloat16_rn(v);
+}
+
+/* Two adjacent elements (the index even). */
+static __device__ __forceinline__ float2
+msv_kv_get2(const float *p)
+{
+    return *(const float2 *) p;
+}
+
+static __device__ __forceinline__ float2
+msv_kv_get2(const __nv_bfloat16 *p)
+{
+    return __bfloat1622float2(*(const __nv_bfloat162 *) p);
+}
+
 /* Sum over a warp, the result in every lane. */
 static __device__ __forceinline__ float
 msv_warp_sum(float v)

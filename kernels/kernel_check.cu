@@ -13,11 +13,17 @@
 #include "norm.cuh"
 #include "rope.cuh"
 #include "attention.cuh"
+#include "gemm.cuh"
+#include "model.h"
 
 static_assert(MSV_CHECK_F32 == MSV_ACT_F32
               && MSV_CHECK_BF16 == MSV_ACT_BF16
               && MSV_CHECK_BF16X2 == MSV_ACT_BF16X2,
               "kernel_check.h formats match enum msv_act_fmt");
+static_assert(MSV_CHECK_ATTN_AUTO == MSV_ATTN_AUTO
+              && MSV_CHECK_ATTN_FOLD == MSV_ATTN_FOLD
+              && MSV_CHECK_ATTN_PARALLEL == MSV_ATTN_PARALLEL,
+              "kernel_check.h attention modes match attention.cuh");
 
 #define MSV_CHECK_MAX_BUFS  16
 
@@ -69,6 +75,78 @@ msv_check_bf16(uint16_t h)
     u = (uint32_t) h << 16;
     memcpy(&f, &u, sizeof(f));
     return f;
+}
+
+
+static uint16_t
+msv_check_to_bf16(float f)
+{
+    uint32_t  u;
+
+    memcpy(&u, &f, sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (uint16_t) ((u >> 16) | 0x40);
+    }
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t) (u >> 16);
+}
+
+
+/* A device cache from host floats, bf16 or fp32. */
+static int
+msv_check_cache_put(struct msv_check_bufs *bufs, void **dev, const float *host,
+    size_t n, int bf16, char *err, size_t errlen)
+{
+    uint16_t  *h;
+    size_t     i;
+    int        rc;
+
+    if (!bf16) {
+        return msv_check_put(bufs, dev, host, n * sizeof(float), err, errlen);
+    }
+    h = (uint16_t *) malloc(n * sizeof(uint16_t) + 1);
+    if (h == NULL) {
+        snprintf(err, errlen, "kernel check: out of host memory");
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        h[i] = msv_check_to_bf16(host[i]);
+    }
+    rc = msv_check_put(bufs, dev, h, n * sizeof(uint16_t), err, errlen);
+    free(h);
+    return rc;
+}
+
+
+static int
+msv_check_cache_get(float *host, const void *dev, size_t n, int bf16,
+    char *err, size_t errlen)
+{
+    uint16_t  *h;
+    size_t     i;
+
+    if (!bf16) {
+        MSV_CUDA_TRY(cudaMemcpy(host, dev, n * sizeof(float),
+                                cudaMemcpyDeviceToHost), err, errlen);
+        return 0;
+    }
+    h = (uint16_t *) malloc(n * sizeof(uint16_t) + 1);
+    if (h == NULL) {
+        snprintf(err, errlen, "kernel check: out of host memory");
+        return -1;
+    }
+    if (cudaMemcpy(h, dev, n * sizeof(uint16_t), cudaMemcpyDeviceToHost)
+        != cudaSuccess)
+    {
+        free(h);
+        return msv_cuda_fail(err, errlen, "cudaMemcpy", __FILE__, __LINE__,
+                             cudaGetLastError());
+    }
+    for (i = 0; i < n; i++) {
+        host[i] = msv_check_bf16(h[i]);
+    }
+    free(h);
+    return 0;
 }
 
 
@@ -167,10 +245,10 @@ msv_check_kv_put(struct msv_check_bufs *bufs, const struct msv_check_kv *kv,
     p[4] = NULL;
     p[5] = NULL;
     if (kv->k_cache != NULL
-        && (msv_check_put(bufs, &p[4], kv->k_cache,
-                          cache_floats * sizeof(float), err, errlen) != 0
-            || msv_check_put(bufs, &p[5], kv->v_cache,
-                             cache_floats * sizeof(float), err, errlen) != 0))
+        && (msv_check_cache_put(bufs, &p[4], kv->k_cache, cache_floats,
+                                kv->kv_bf16, err, errlen) != 0
+            || msv_check_cache_put(bufs, &p[5], kv->v_cache, cache_floats,
+                                   kv->kv_bf16, err, errlen) != 0))
     {
         return -1;
     }
@@ -179,8 +257,9 @@ msv_check_kv_put(struct msv_check_bufs *bufs, const struct msv_check_kv *kv,
     map->tok_seq = (const int32_t *) p[1];
     map->page_off = (const int32_t *) p[2];
     map->pages = (const int32_t *) p[3];
-    map->k_cache = (float *) p[4];
-    map->v_cache = (float *) p[5];
+    map->k_cache = p[4];
+    map->v_cache = p[5];
+    map->kv_bf16 = kv->kv_bf16;
     return 0;
 }
 
@@ -235,13 +314,13 @@ msv_check_qkv_rope(struct msv_check_bufs *bufs, float *qkv, uint32_t n_heads,
 
     MSV_CUDA_TRY(cudaMemcpy(qkv, a.qkv, kv->n_tokens * width * sizeof(float),
                             cudaMemcpyDeviceToHost), err, errlen);
-    if (kv->k_cache != NULL) {
-        MSV_CUDA_TRY(cudaMemcpy(kv->k_cache, a.kv.k_cache,
-                                cache * sizeof(float),
-                                cudaMemcpyDeviceToHost), err, errlen);
-        MSV_CUDA_TRY(cudaMemcpy(kv->v_cache, a.kv.v_cache,
-                                cache * sizeof(float),
-                                cudaMemcpyDeviceToHost), err, errlen);
+    if (kv->k_cache != NULL
+        && (msv_check_cache_get(kv->k_cache, a.kv.k_cache, cache,
+                                kv->kv_bf16, err, errlen) != 0
+            || msv_check_cache_get(kv->v_cache, a.kv.v_cache, cache,
+                                   kv->kv_bf16, err, errlen) != 0))
+    {
+        return -1;
     }
     return 0;
 }
@@ -267,27 +346,42 @@ msv_cuda_run_qkv_rope(float *qkv, uint32_t n_heads, uint32_t n_kv_heads,
 static int
 msv_check_attention(struct msv_check_bufs *bufs, float *out, const float *q,
     uint32_t q_stride, uint32_t n_heads, uint32_t n_kv_heads,
-    uint32_t head_dim, float scale, const struct msv_check_kv *kv,
+    uint32_t head_dim, float scale, const struct msv_check_kv *kv, int mode,
     char *err, size_t errlen)
 {
     struct msv_attn_args  a;
-    size_t                cache, out_n;
-    void                 *dq, *dout;
+    size_t                cache, out_n, part;
+    uint32_t              t, max_ctx;
+    void                 *dq, *dout, *dpart;
 
     cache = (size_t) kv->n_pages * n_kv_heads * MSV_KV_BLOCK * head_dim;
     out_n = (size_t) kv->n_tokens * n_heads * head_dim;
+
+    max_ctx = 1;
+    for (t = 0; t < kv->n_tokens; t++) {
+        max_ctx = (uint32_t) kv->pos[t] + 1 > max_ctx
+                  ? (uint32_t) kv->pos[t] + 1 : max_ctx;
+    }
+    part = attention_part_floats(kv->n_tokens, n_heads, head_dim, max_ctx);
 
     memset(&a, 0, sizeof(a));
     if (msv_check_put(bufs, &dq, q, (size_t) kv->n_tokens * q_stride
                                     * sizeof(float), err, errlen) != 0
         || msv_check_put(bufs, &dout, NULL, out_n * sizeof(float), err,
                          errlen) != 0
+        || msv_check_put(bufs, &dpart, NULL, part * sizeof(float), err,
+                         errlen) != 0
         || msv_check_kv_put(bufs, kv, cache, &a.kv, err, errlen) != 0)
     {
         return -1;
     }
 
-    a.out = (float *) dout;
+    a.out = dout;
+    a.out_fmt = MSV_ACT_F32;
+    a.max_ctx = max_ctx;
+    a.part = (float *) dpart;
+    a.part_floats = part;
+    a.mode = mode;
     a.q = (const float *) dq;
     a.q_stride = q_stride;
     a.n_tokens = kv->n_tokens;
@@ -307,14 +401,65 @@ msv_check_attention(struct msv_check_bufs *bufs, float *out, const float *q,
 extern "C" int
 msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
     uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
-    const struct msv_check_kv *kv, char *err, size_t errlen)
+    const struct msv_check_kv *kv, int mode, char *err, size_t errlen)
 {
     struct msv_check_bufs  bufs;
     int                    rc;
 
     bufs.n = 0;
     rc = msv_check_attention(&bufs, out, q, q_stride, n_heads, n_kv_heads,
-                             head_dim, scale, kv, err, errlen);
+                             head_dim, scale, kv, mode, err, errlen);
+    msv_check_free(&bufs);
+    return rc;
+}
+
+
+static int
+msv_check_gemv(struct msv_check_bufs *bufs, float *out, const uint16_t *w,
+    const uint16_t *act, uint32_t rows, uint32_t cols, uint32_t n,
+    int accumulate, char *err, size_t errlen)
+{
+    struct msv_dmat  m;
+    void            *dw, *dx, *dout;
+
+    if (msv_check_put(bufs, &dw, w, (size_t) rows * cols * 2, err, errlen)
+        != 0
+        || msv_check_put(bufs, &dx, act, (size_t) n * cols * 2, err, errlen)
+           != 0
+        || msv_check_put(bufs, &dout, out, (size_t) n * rows * sizeof(float),
+                         err, errlen) != 0)
+    {
+        return -1;
+    }
+    m.p = dw;
+    m.dtype = MSV_BF16;
+    m.rows = rows;
+    m.cols = cols;
+    if (!gemv_usable(&m, MSV_ACT_BF16, n, 0)) {
+        snprintf(err, errlen, "kernel check: gemv not usable for %u x %u, "
+                 "n %u", rows, cols, n);
+        return -1;
+    }
+    MSV_CUDA_TRY(gemv_forward(&m, dx, n, (float *) dout, accumulate, 0),
+                 err, errlen);
+    MSV_CUDA_TRY(cudaDeviceSynchronize(), err, errlen);
+    MSV_CUDA_TRY(cudaMemcpy(out, dout, (size_t) n * rows * sizeof(float),
+                            cudaMemcpyDeviceToHost), err, errlen);
+    return 0;
+}
+
+
+extern "C" int
+msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
+    uint32_t rows, uint32_t cols, uint32_t n, int accumulate, char *err,
+    size_t errlen)
+{
+    struct msv_check_bufs  bufs;
+    int                    rc;
+
+    bufs.n = 0;
+    rc = msv_check_gemv(&bufs, out, w, act, rows, cols, n, accumulate, err,
+                        errlen);
     msv_check_free(&bufs);
     return rc;
 }

@@ -21,7 +21,8 @@ extern "C" {
 
 /* A batch's view of a paged KV cache (see struct msv_kv_map in rope.cuh);
  * the caches are host arrays [n_pages][n_kv_heads][MSV_KV_BLOCK]
- * [head_dim]. */
+ * [head_dim] of fp32.  kv_bf16: the device cache is bf16 (the host
+ * values are rounded to bf16 on the way up, widened on the way back). */
 struct msv_check_kv {
     uint32_t        n_tokens;
     uint32_t        n_seqs;
@@ -33,7 +34,13 @@ struct msv_check_kv {
     const int32_t  *pages;      /* [n_entries] */
     float          *k_cache;
     float          *v_cache;
+    int             kv_bf16;
 };
+
+/* msv_cuda_run_attention's mode, as MSV_ATTN_* in attention.cuh. */
+#define MSV_CHECK_ATTN_AUTO      0
+#define MSV_CHECK_ATTN_FOLD      1
+#define MSV_CHECK_ATTN_PARALLEL  2
 
 /* out[r] = rmsnorm(x[rows ? rows[r] : r]) as format fmt, read back as
  * fp32 (BF16X2 as hi + lo).  x is [n_in_rows][n]. */
@@ -49,10 +56,19 @@ int msv_cuda_run_qkv_rope(float *qkv, uint32_t n_heads, uint32_t n_kv_heads,
     const float *k_norm, float eps, const float *inv_freq,
     const struct msv_check_kv *kv, char *err, size_t errlen);
 
-/* out [n_tokens][n_heads head_dim]; q rows q_stride floats apart. */
+/* out [n_tokens][n_heads head_dim]; q rows q_stride floats apart; mode
+ * MSV_CHECK_ATTN_*: the serial and the parallel (split + merge) forms
+ * must agree bit for bit. */
 int msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
     uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
-    const struct msv_check_kv *kv, char *err, size_t errlen);
+    const struct msv_check_kv *kv, int mode, char *err, size_t errlen);
+
+/* out[n][rows] (+)= act[n][cols] . w[rows][cols]^T through the GEMV path
+ * (bf16 bits, n <= 8, cols a multiple of 8); out is read first when
+ * accumulate. */
+int msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
+    uint32_t rows, uint32_t cols, uint32_t n, int accumulate, char *err,
+    size_t errlen);
 
 #ifdef __cplusplus
 }

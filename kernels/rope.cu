@@ -1,6 +1,7 @@
 /*
  * rope.cu: bias, q/k norm, RoPE and KV store, one block per (token,
- * head).
+ * head).  The store rounds k and v to the cache's element type (bf16 or
+ * fp32); q and the rows left in qkv stay fp32.
  */
 
 #include "backend.h"
@@ -8,13 +9,15 @@
 
 #define MSV_ROPE_THREADS  128
 
+template <typename KV>
 static __global__ void
 qkv_rope_kernel(struct msv_qkv_args a)
 {
     extern __shared__ float  s[];      /* [head_dim] */
     __shared__ float         red[33];
     uint32_t                 h, t, d, hd, half, kvh, slot;
-    float                   *row, *dst, x0, x1, y0, y1, ang, sn, cs, ss,
+    KV                      *dst;
+    float                   *row, x0, x1, y0, y1, ang, sn, cs, ss,
                              scale;
     const float             *nw;
     int                      is_q, is_k, is_v, p;
@@ -59,14 +62,14 @@ qkv_rope_kernel(struct msv_qkv_args a)
         off = (size_t) a.kv.pages[a.kv.page_off[a.kv.tok_seq[t]]
                                   + p / MSV_KV_BLOCK];
         off = ((off * a.n_kv_heads + kvh) * MSV_KV_BLOCK + slot) * hd;
-        dst = (is_k ? a.kv.k_cache : a.kv.v_cache) + off;
+        dst = (KV *) (is_k ? a.kv.k_cache : a.kv.v_cache) + off;
     }
 
     if (is_v) {
         for (d = threadIdx.x; d < hd; d += blockDim.x) {
             row[d] = s[d];
             if (dst != NULL) {
-                dst[d] = s[d];
+                msv_kv_put(&dst[d], s[d]);
             }
         }
         return;
@@ -84,8 +87,8 @@ qkv_rope_kernel(struct msv_qkv_args a)
         row[d] = y0;
         row[d + half] = y1;
         if (dst != NULL) {
-            dst[d] = y0;
-            dst[d + half] = y1;
+            msv_kv_put(&dst[d], y0);
+            msv_kv_put(&dst[d + half], y1);
         }
     }
 }
@@ -100,7 +103,12 @@ qkv_rope_forward(const struct msv_qkv_args *a, cudaStream_t stream)
     }
 
     grid = dim3(a->n_tokens, a->n_heads + 2 * a->n_kv_heads);
-    qkv_rope_kernel<<<grid, MSV_ROPE_THREADS, a->head_dim * sizeof(float),
-                      stream>>>(*a);
+    if (a->kv.kv_bf16) {
+        qkv_rope_kernel<__nv_bfloat16><<<grid, MSV_ROPE_THREADS,
+            a->head_dim * sizeof(float), stream>>>(*a);
+    } else {
+        qkv_rope_kernel<float><<<grid, MSV_ROPE_THREADS,
+            a->head_dim * sizeof(float), stream>>>(*a);
+    }
     return cudaGetLastError();
 }

@@ -12,7 +12,8 @@
 
 /*
  * KV cache pages: k_cache and v_cache are each [n_pages][n_kv_heads]
- * [MSV_KV_BLOCK][head_dim] fp32.  Token t of the batch belongs to batch
+ * [MSV_KV_BLOCK][head_dim], bf16 when kv_bf16 (the default precision),
+ * fp32 otherwise (split precision).  Token t of the batch belongs to batch
  * sequence tok_seq[t] and sits at position pos[t]; its slot is page
  * pages[page_off[tok_seq[t]] + pos[t] / MSV_KV_BLOCK], row
  * pos[t] % MSV_KV_BLOCK.
@@ -22,8 +23,9 @@ struct msv_kv_map {
     const int32_t  *tok_seq;    /* [n_tokens] */
     const int32_t  *page_off;   /* [n_seqs] */
     const int32_t  *pages;
-    float          *k_cache;
-    float          *v_cache;
+    void           *k_cache;
+    void           *v_cache;
+    int             kv_bf16;    /* elements are __nv_bfloat16, else float */
 };
 
 struct msv_qkv_args {

@@ -33,6 +33,8 @@ struct msv_opts {
     const char  *dummy;
     const char  *backend;
     const char  *sampler;
+    const char  *precision;
+    int          batch_invariant;
     const char  *shm;
     uint32_t     max_num_seqs;
     uint32_t     max_model_len;
@@ -69,6 +71,10 @@ msv_usage(FILE *f)
 "  --dummy PRESET|FILE      random weights: tiny, qwen3-0.6b, qwen3-8b,\n"
 "                           llama3-8b, or a config.json\n"
 "  --backend auto|cpu|cuda  (default auto: cuda when a GPU is usable)\n"
+"  --precision bf16|split   CUDA activations and KV: bf16 (default) or\n"
+"                           split fp32 (hi + lo bf16 products, fp32 KV)\n"
+"  --batch-invariant        CUDA: a request's logits do not depend on the\n"
+"                           batch it runs in (products in fixed slices)\n"
 "  --shm NAME               region name (default maskserve-0)\n"
 "  --max-num-seqs N         concurrent requests (default 64)\n"
 "  --max-model-len N        prompt + output tokens (default: the model's,\n"
@@ -134,6 +140,8 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "model",                  required_argument, 0, 'm' },
         { "dummy",                  required_argument, 0, 'd' },
         { "backend",                required_argument, 0, 'b' },
+        { "precision",              required_argument, 0, 'A' },
+        { "batch-invariant",        no_argument,       0, 'I' },
         { "shm",                    required_argument, 0, 's' },
         { "max-num-seqs",           required_argument, 0, 'n' },
         { "max-model-len",          required_argument, 0, 'l' },
@@ -169,6 +177,8 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         case 'd': o->dummy = optarg; break;
         case 'b': o->backend = optarg; break;
         case 'P': o->sampler = optarg; break;
+        case 'A': o->precision = optarg; break;
+        case 'I': o->batch_invariant = 1; break;
         case 's': o->shm = optarg; break;
         case 'n':
             if (msv_parse_u64("--max-num-seqs", optarg, &v, 0) || v < 1
@@ -313,6 +323,13 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         fprintf(stderr, "maskserve-worker: --sampler: must be auto or cpu\n");
         return -1;
     }
+    if (o->precision != NULL && strcmp(o->precision, "bf16")
+        && strcmp(o->precision, "split"))
+    {
+        fprintf(stderr, "maskserve-worker: --precision: must be bf16 or "
+                "split\n");
+        return -1;
+    }
 
     return 0;
 }
@@ -440,6 +457,14 @@ main(int argc, char **argv)
              ops->name, msv_arch_name(cfg.arch),
              (unsigned long long) msv_config_n_params(&cfg),
              msv_dtype_name(cfg.dtype));
+    /* the CUDA backend reads its precision from MSV_CUDA_ACT and the
+     * batch-invariant mode from MSV_CUDA_INVARIANT at create */
+    if ((o.precision != NULL && setenv("MSV_CUDA_ACT", o.precision, 1) != 0)
+        || (o.batch_invariant && setenv("MSV_CUDA_INVARIANT", "1", 1) != 0))
+    {
+        fprintf(stderr, "maskserve-worker: --precision: setenv failed\n");
+        return 1;
+    }
     t0 = msv_now_ns();
     be = ops->create(&cfg, &w, o.max_num_seqs, o.max_model_len, o.kv_tokens,
                      o.threads, err, sizeof(err));
@@ -451,6 +476,14 @@ main(int argc, char **argv)
              "%llu KV tokens", ops->name,
              (double) (msv_now_ns() - t0) / 1e9, o.max_num_seqs,
              o.max_model_len, (unsigned long long) ops->kv_free(be));
+
+    /* The GPU holds its own copy now: drop the host one (file mappings
+     * or the dummy tensors), so the worker's resident memory is its ring,
+     * staging and request state.  The CPU backend computes from it. */
+    if (use_cuda) {
+        msv_weights_free(&w);
+        msv_info("host copy of the weights released");
+    }
 
     /* region */
     memset(&lay, 0, sizeof(lay));

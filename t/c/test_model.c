@@ -24,7 +24,8 @@
 #include "model.h"
 
 
-#define TOL  1e-4
+#define TOL           1e-4
+#define TOL_BF16_ACT  5e-2     /* CUDA bf16 activations and KV: sanity */
 
 static const char  *fixtures[] = {
     "qwen3-tiny", "qwen3-tiny-bf16", "llama-tiny", "qwen2-tiny"
@@ -253,8 +254,11 @@ bad:
 /* ---------------------------------------------------------------- */
 /* fixtures                                                           */
 
+/* The fixture on one backend: ops, with MSV_CUDA_ACT = act for CUDA
+ * (NULL for the CPU), within tol of the Hugging Face logits. */
 static void
-test_fixture(const char *base, const char *name)
+test_fixture(const char *base, const char *fname,
+    const struct msv_backend_ops *ops, const char *act, double tol)
 {
     int                            rc, all;
     char                           dir[512], path[600];
@@ -268,9 +272,11 @@ test_fixture(const char *base, const char *name)
     struct msv_weights             w;
     struct seq_state              *st;
     struct msv_model_config        cfg;
-    const struct msv_backend_ops  *ops = &msv_backend_cpu;
+    char                           name[160];
 
-    snprintf(dir, sizeof(dir), "%s/%s", base, name);
+    snprintf(name, sizeof(name), "%s%s%s %s", ops->name, act ? " " : "",
+             act ? act : "", fname);
+    snprintf(dir, sizeof(dir), "%s/%s", base, fname);
     snprintf(path, sizeof(path), "%s/config.json", dir);
 
     if (msv_config_load(path, &cfg, err, sizeof(err)) != 0) {
@@ -298,7 +304,11 @@ test_fixture(const char *base, const char *name)
         maxlen = fx.len[i] > maxlen ? fx.len[i] : maxlen;
     }
 
+    if (act != NULL) {
+        setenv("MSV_CUDA_ACT", act, 1);
+    }
     b = ops->create(&cfg, &w, fx.n + 3, maxlen + 5, 0, 2, err, sizeof(err));
+    unsetenv("MSV_CUDA_ACT");
     if (!tap_ok(b != NULL, "%s: backend created (%s)", name,
                 b ? "ok" : err))
     {
@@ -349,9 +359,9 @@ test_fixture(const char *base, const char *name)
         ops->kv_release(b, id);
     }
 
-    tap_ok(rc == 0 && wa <= TOL, "%s: (a) prefill, all logits: max rel err "
+    tap_ok(rc == 0 && wa <= tol, "%s: (a) prefill, all logits: max rel err "
            "%.2e%s%s", name, wa, rc ? ": " : "", rc ? err : "");
-    tap_ok(rc == 0 && wb <= TOL, "%s: (b) decode one token at a time: max "
+    tap_ok(rc == 0 && wb <= tol, "%s: (b) decode one token at a time: max "
            "rel err %.2e", name, wb);
 
     /* (c) one shared batch per step: sequence i joins at step i, prefills
@@ -434,7 +444,7 @@ test_fixture(const char *base, const char *name)
             ops->kv_release(b, fx.n + 1 - i);
         }
 
-        tap_ok(rc == 0 && wc <= TOL, "%s: (c) mixed prefill/decode batches "
+        tap_ok(rc == 0 && wc <= tol, "%s: (c) mixed prefill/decode batches "
                "(%u steps, %s): max rel err %.2e%s%s", name, steps,
                all ? "all logits" : "last logits", wc, rc ? ": " : "",
                rc ? err : "");
@@ -854,15 +864,27 @@ main(void)
     const char  *base;
 
     (void) tap_plan;
-    (void) tap_diag;
 
     base = getenv("MSV_FIXTURES");
     if (base == NULL) {
         base = "t/fixtures";
     }
 
+    /* every backend this build and machine have: the CPU always, CUDA
+     * in both precisions when a GPU is there */
     for (size_t i = 0; i < sizeof(fixtures) / sizeof(fixtures[0]); i++) {
-        test_fixture(base, fixtures[i]);
+        test_fixture(base, fixtures[i], &msv_backend_cpu, NULL, TOL);
+    }
+    if (msv_backend_cuda() == NULL) {
+        tap_diag("skip: cuda backend: this build has none (no nvcc)");
+    } else if (!msv_cuda_available()) {
+        tap_diag("skip: cuda backend: no usable GPU");
+    } else {
+        for (size_t i = 0; i < sizeof(fixtures) / sizeof(fixtures[0]); i++) {
+            test_fixture(base, fixtures[i], msv_backend_cuda(), "split", TOL);
+            test_fixture(base, fixtures[i], msv_backend_cuda(), "bf16",
+                         TOL_BF16_ACT);
+        }
     }
 
     test_tiny();

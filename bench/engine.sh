@@ -1,0 +1,216 @@
+#!/bin/bash
+# engine.sh: the CUDA engine against its floor, on a machine with an
+# NVIDIA GPU, through the worker (no nginx), dummy qwen3-8b (bf16):
+#
+#   1. the floor in the same run: bench/engine_floor (cuBLAS bf16 time of
+#      one decode step's products at M = 1, 64, 256, plus the bf16 KV
+#      bytes at the mean context over the measured copy rate);
+#   2. decode at batch 1, 64, 256: prompt 128, 512 new tokens, ignore_eos,
+#      greedy, mask off, submitted at once through maskserve-cli
+#      --summary (every row checked); tokens/s from the worker's own
+#      per-step timing (MSV_CUDA_TIMING), steady state = steps with every
+#      request decoding;
+#   3. prefill: 256 x 128 and 1 x 8192 prompts (max_tokens 1);
+#   4. a per-step breakdown from CUDA events (every 16th step runs
+#      without its graph, with events between launches);
+#   5. the worker's resident memory after start and after the runs;
+#   6. batch invariance: 32 seeded requests (temperature 1, top_k 50,
+#      support masks with logprobs) alone, then the same 32 among 224
+#      others with prompts up to 1500 tokens (prefill chunks mixed with
+#      decode); every row compared bit for bit, in the default mode and
+#      with --batch-invariant, whose decode rate is measured beside.
+#
+#   bash bench/engine.sh            (B: build dir, default build-gpu;
+#                                    OUT: results, default $B/engine)
+# Needs a build with the CUDA backend (make B=$B bins) and python3.
+
+set -eu -o pipefail
+cd "$(dirname "$0")/.."
+
+B=${B:-build-gpu}
+OUT=${OUT:-$B/engine}
+PRECISION=${PRECISION:-bf16}
+mkdir -p "$OUT"
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+
+echo "== engine.sh $(date -u +%FT%TZ) precision $PRECISION"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+
+"$NVCC" -O2 -gencode arch=compute_90,code=sm_90 -Ishm -Iworker \
+    -o "$B/bench/engine_floor" bench/engine_floor.cu "$B/libmsv_worker.a" \
+    ${LDFLAGS:-} -lcublas -lyajl -lm
+"$B/bench/engine_floor" qwen3-8b 384 1 64 256 | tee "$OUT/floor.txt"
+
+steps=$OUT/steps.txt
+: > "$steps"
+shm=msv-engine-$$
+wpid=
+
+start() {   # extra worker flags
+    MSV_CUDA_TIMING=$steps MSV_CUDA_TIMING_DETAIL=16 \
+    "$B/maskserve-worker" --dummy qwen3-8b --backend cuda \
+        --precision "$PRECISION" "$@" \
+        --shm "$shm" --max-num-seqs 256 --max-model-len 8448 \
+        --kv-tokens 262144 --max-num-batched-tokens 8192 --ring-bytes 256M \
+        --seed 1 2> "$OUT/worker.log" &
+    wpid=$!
+    for _ in $(seq 1 3000); do
+        grep -q "ready: region" "$OUT/worker.log" && break
+        kill -0 $wpid 2>/dev/null || { tail "$OUT/worker.log"; exit 1; }
+        sleep 0.1
+    done
+    grep -E "tensors loaded|backend ready|released" "$OUT/worker.log" || true
+}
+
+stop() {
+    kill -TERM $wpid
+    wait $wpid || true
+    cat "$OUT/worker.log" >> "$OUT/workers.log"
+}
+
+trap 'kill $wpid 2>/dev/null || true' EXIT
+start
+echo "rss_start_kb $(awk '/VmRSS/ {print $2}' /proc/$wpid/status)" \
+    | tee "$OUT/rss.txt"
+
+reqs() {    # n prompt_len max_tokens
+    python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+n, plen, mt = map(int, sys.argv[1:])
+for i in range(n):
+    print(json.dumps({"request_id": f"e{i}",
+        "token_ids": [(i * 7919 + j * 104729) % 151000 for j in range(plen)],
+        "sampling_params": {"max_tokens": mt, "temperature": 0.0,
+                            "ignore_eos": True}}))
+PY
+}
+
+run() {     # label n prompt_len max_tokens
+    local from
+    from=$(wc -l < "$steps")
+    reqs "$2" "$3" "$4" > "$OUT/req.jsonl"
+    "$B/maskserve-cli" --shm "$shm" --requests "$OUT/req.jsonl" --summary \
+        --timeout 300 > "$OUT/summary_$1.json"
+    tail -n +"$((from + 1))" "$steps" > "$OUT/steps_$1.txt"
+    echo "$1: $(cat "$OUT/summary_$1.json")"
+}
+
+# the invariance workload: inv.jsonl (32 requests) and mix.jsonl (the
+# same 32 at positions 100.. among 224 others)
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def req(rid, plen, seed, mt):
+    return json.dumps({"request_id": rid,
+        "token_ids": [(seed * 7919 + j * 104729) % 151000 for j in range(plen)],
+        "sampling_params": {"max_tokens": mt, "temperature": 1.0,
+                            "top_k": 50, "seed": seed, "ignore_eos": True},
+        "return_sampling_mask": True, "sampling_logprobs_mode": "support"})
+inv = [req(f"inv{i}", 37 + 5 * i, 1000 + i, 64) for i in range(32)]
+mix = [req(f"mix{i}", 50 + (i * 337) % 1450, 5000 + i, 64) for i in range(224)]
+open(os.path.join(out, "inv.jsonl"), "w").write("\n".join(inv) + "\n")
+open(os.path.join(out, "mix.jsonl"), "w").write(
+    "\n".join(mix[:100] + inv + mix[100:]) + "\n")
+PY
+
+inv() {     # label
+    "$B/maskserve-cli" --shm "$shm" --requests "$OUT/inv.jsonl" \
+        --timeout 300 > "$OUT/rows_$1_alone.jsonl"
+    "$B/maskserve-cli" --shm "$shm" --requests "$OUT/mix.jsonl" \
+        --timeout 300 > "$OUT/rows_$1_mixed.jsonl"
+    python3 - "$OUT/rows_$1_alone.jsonl" "$OUT/rows_$1_mixed.jsonl" \
+        "$1" <<'PY' | tee -a "$OUT/invariance.txt"
+import json, sys
+def rows(path):
+    r = {}
+    for line in open(path):
+        j = json.loads(line)
+        if not j["request_id"].startswith("inv") or j.get("done"):
+            continue
+        key = (j["request_id"], j["pos"])
+        r[key] = (j["token"], j["logprob"], j.get("ids"), j.get("lps"))
+    return r
+a, m = rows(sys.argv[1]), rows(sys.argv[2])
+same = sum(1 for k in a if m.get(k) == a[k])
+tok = sum(1 for k in a if k in m and m[k][0] == a[k][0])
+print("invariance %-8s %5d rows alone, %5d in the mix, %5d identical "
+      "(token, logprob, support ids and logprobs), %5d same token" % (
+      sys.argv[3], len(a), sum(1 for k in m), same, tok))
+PY
+}
+
+run warm 8 128 16
+run b1 1 128 512
+run b64 64 128 512
+run b256 256 128 512
+run p256x128 256 128 1
+run p1x8192 1 8192 1
+echo "rss_end_kb $(awk '/VmRSS/ {print $2}' /proc/$wpid/status)" \
+    | tee -a "$OUT/rss.txt"
+: > "$OUT/invariance.txt"
+inv default
+stop
+
+start --batch-invariant
+inv invariant
+run ib64 64 128 128
+run ib256 256 128 128
+stop
+trap - EXIT
+
+python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
+import os, statistics as st, sys
+out = sys.argv[1]
+def steps(label):
+    rows = []
+    for line in open(os.path.join(out, f"steps_{label}.txt")):
+        f = line.split()
+        rows.append({f[i]: float(f[i + 1]) for i in range(0, len(f) - 1, 2)})
+    return rows
+floor = {}
+for line in open(os.path.join(out, "floor.txt")):
+    f = line.split()
+    if f and f[0] == "floor":
+        floor[int(f[1])] = (float(f[5]), float(f[6]))
+rss = dict(l.split() for l in open(os.path.join(out, "rss.txt")))
+print()
+print("%-6s %10s %10s %9s %9s %8s %8s %10s %7s" % ("batch", "fwd_tok/s",
+      "step_tok/s", "fwd_ms", "gap_ms", "graph", "floor_ms", "floor_t/s",
+      "ratio"))
+for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib64", 64),
+               ("ib256", 256)):
+    r = [x for x in steps(lab) if x["seqs"] == b and x["tokens"] == b]
+    plain = [x for x in r if x["detail"] == 0]
+    if not plain:
+        print("%-6s no steady steps" % lab)
+        continue
+    wall = st.median(x["wall_ms"] for x in plain)
+    gap = st.median(x["gap_ms"] for x in plain[1:] or plain)
+    fm, ft = floor.get(b, (float("nan"), float("nan")))
+    print("%-6s %10.1f %10.1f %9.3f %9.3f %8.2f %8.3f %10.1f %7.2f" % (lab,
+          b / wall * 1e3, b / (wall + gap) * 1e3, wall, gap,
+          st.mean(x["graph"] for x in plain), fm, ft, fm / wall))
+print()
+print("%-6s %9s %9s %9s %9s %9s %9s   (detail steps, median ms)" % ("batch",
+      "gpu", "gemm", "attn", "other", "copy", "host"))
+for b in (1, 64, 256):
+    d = [x for x in steps(f"b{b}") if x["seqs"] == b and x["tokens"] == b
+         and x["detail"] == 1]
+    if d:
+        m = lambda k: st.median(x[k] for x in d)
+        print("%-6d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f" % (b, m("gpu_ms"),
+              m("gemm_ms"), m("attn_ms"), m("other_ms"), m("copy_ms"),
+              m("host_ms")))
+print()
+for lab in ("p256x128", "p1x8192"):
+    r = [x for x in steps(lab) if x["tokens"] > x["seqs"]]
+    tok = sum(x["tokens"] for x in r)
+    ms = sum(x["wall_ms"] for x in r)
+    print("prefill %-9s %8d tokens in %4d steps %9.1f ms %10.1f tok/s" % (
+          lab, tok, len(r), ms, tok / ms * 1e3 if ms else 0))
+print()
+print("worker VmRSS: %.2f GB after start, %.2f GB after the runs" % (
+      int(rss["rss_start_kb"]) / 2**20, int(rss["rss_end_kb"]) / 2**20))
+print()
+print(open(os.path.join(out, "invariance.txt")).read().rstrip())
+PY

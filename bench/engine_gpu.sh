@@ -1,0 +1,80 @@
+#!/bin/bash
+# engine_gpu.sh: everything the CUDA engine needs checked and measured on
+# a GPU machine, in one run, each part under its own time limit:
+#
+#   1. build with the CUDA backend (sm_90);
+#   2. kernels/check.sh -q -n: every kernel against its CPU twin (both KV
+#      types, serial and split attention bit-identical), the interface,
+#      the whole model CUDA vs CPU in both precisions, the fixtures vs
+#      their Hugging Face logits;
+#   3. bench/engine.sh: the decode floor and the worker's decode and
+#      prefill rates (dummy qwen3-8b);
+#   4. t/c/test_model (the fixtures on the CPU and both CUDA precisions)
+#      and t/05-worker-cli.t on --backend cuda;
+#   5. compute-sanitizer over the kernel checks (check_backend -k).
+#
+# Logs go to $OUT (default build-gpu/out): gpu.log (all of it), check.log,
+# engine.log, test_model.log, t05.log, sanitizer.log, engine.tar.gz (the
+# per-step lines and rows).
+# yajl comes from the Debian packages in .debs/ when the system has none.
+
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-build-gpu/out}
+export B=${B:-build-gpu}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu.log") 2>&1
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
+
+if ! printf '#include <yajl/yajl_tree.h>\n' | cc -E -x c - >/dev/null 2>&1
+then
+    deb=/tmp/msv-deb
+    mkdir -p "$deb"
+    for f in .debs/libyajl*.deb; do dpkg -x "$f" "$deb"; done
+    export CPPFLAGS="-I$deb/usr/include"
+    export LDFLAGS="-L$deb/usr/lib/x86_64-linux-gnu"
+    export LD_LIBRARY_PATH="$deb/usr/lib/x86_64-linux-gnu"
+fi
+
+stamp "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+stamp build
+make -j"$(nproc)" B="$B" bins > "$OUT/build.log" 2>&1 \
+    || { tail -40 "$OUT/build.log"; exit 1; }
+grep -i "warning" "$OUT/build.log" | head -20
+
+stamp "kernels/check.sh -q -n"
+JOBS=$(nproc) timeout ${CHECK_S:-60} sh kernels/check.sh -q -n \
+    > "$OUT/check.log" 2>&1
+echo "check.sh exit $?"
+grep -E "FAIL|fail|passed|comparisons|error" "$OUT/check.log" | head -40
+sed -n '/^case /,/comparisons within/p' "$OUT/check.log" | head -70
+
+stamp "t/c/test_model (fixtures on the CPU and CUDA backends)"
+timeout 30 "$B/t/test_model" > "$OUT/test_model.log" 2>&1
+echo "test_model exit $?"
+grep -c "^ok" "$OUT/test_model.log"
+grep -E "^not ok|^# " "$OUT/test_model.log" | head -10
+grep -E "^ok .*cuda .*: \((a|b|c)\)" "$OUT/test_model.log" | head -24
+
+stamp "bench/engine.sh"
+OUT=$B/engine timeout ${ENGINE_S:-130} bash bench/engine.sh \
+    > "$OUT/engine.log" 2>&1
+echo "engine.sh exit $?"
+tail -32 "$OUT/engine.log"
+tar czf "$OUT/engine.tar.gz" -C "$B" engine 2>/dev/null
+
+stamp "t/05 on the CUDA backend"
+MSV_BUILD=$PWD/$B MSV_BACKEND=cuda timeout ${T05_S:-40} \
+    prove t/05-worker-cli.t > "$OUT/t05.log" 2>&1
+echo "t/05 exit $?"
+tail -4 "$OUT/t05.log"
+
+stamp "compute-sanitizer on the kernel checks"
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+timeout ${SAN_S:-40} "$CS" --error-exitcode 9 "$B/kernels/check_backend" -k \
+    > "$OUT/sanitizer.log" 2>&1
+echo "compute-sanitizer exit $?"
+grep -E "ERROR SUMMARY|comparisons|check_backend:" "$OUT/sanitizer.log" | tail -4
+stamp done
