@@ -47,7 +47,7 @@ if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
 fi
 
 echo "== timing: GPU sampler"
-"$B/bench/gpu_sampler" -r "${REPS:-15}" | tee "$OUT/gpu_sampler.txt" | tail -40
+"$B/bench/gpu_sampler" -r "${REPS:-15}" ${GS_ARGS:-} | tee "$OUT/gpu_sampler.txt" | tail -40
 echo "== timing: PyTorch"
 python3 bench/gpu_sampler_torch.py --repeats "${REPS:-15}" \
     | tee "$OUT/gpu_sampler_torch.txt" | tail -40

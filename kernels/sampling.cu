@@ -46,9 +46,9 @@ namespace cg = cooperative_groups;
 #define MSV_GS_NH        8          /* count histograms per kernel */
 #define MSV_GS_MAX_MASK  (MSV_MAX_STOP + MSV_MAX_EOS)
 #define MSV_GS_PACK_THREADS 512
-#define MSV_GS_NB        512        /* candidate bins: 1/16 nat below max */
-#define MSV_GS_BIN_SCALE 16.0f
-#define MSV_GS_QBIN      368        /* bins holding every d >= -23 */
+#define MSV_GS_NB        128        /* candidate bins: 1/4 nat below max */
+#define MSV_GS_BIN_SCALE 4.0f
+#define MSV_GS_QBIN      92         /* bins holding every d >= -23 */
 #define MSV_GS_CAP       4096       /* candidates a block compacts */
 #define MSV_GS_MARKS     8          /* stage marks when profiling */
 
@@ -172,7 +172,9 @@ struct msv_gs_smem {
     uint64_t   x[MSV_GS_NX][4];     /* scalar exchanges, one slot each */
     uint64_t   g[MSV_GS_CLUSTER][4];/* gathered words of the last one */
     uint32_t   h[MSV_GS_NH][256];   /* count histograms, one slot each */
-    uint64_t   wh[4][256];          /* top-p weight histograms */
+    uint32_t   wh[4][256][2];       /* top-p weight histograms, (lo, hi):
+                                       32-bit atomics are native, 64-bit
+                                       ones a compare-and-swap loop */
     uint64_t   H[256];              /* the cluster's sum of the last one */
     uint64_t   red[MSV_GS_WARPS][3];
     uint32_t   wsum[MSV_GS_WARPS];
@@ -181,6 +183,7 @@ struct msv_gs_smem {
     uint32_t   bh[MSV_GS_NB];       /* this block's candidate bins */
     uint32_t   bs[MSV_GS_NB];       /* the cluster's */
     uint16_t   ix[MSV_GS_CAP];      /* compacted candidates' offsets */
+    uint32_t   own;                 /* this block's candidates */
     uint32_t   nr;                  /* blocks still at work: 8, or 1 once
                                        block 0 gathered every candidate */
     uint32_t  *gid;                 /* then: the candidates' ids */
@@ -251,7 +254,10 @@ msv_gs_whist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k)
         uint64_t  s = 0;
 
         for (uint32_t r = 0; r < S.nr; r++) {
-            s += *cl.map_shared_rank(&S.wh[k][threadIdx.x], r);
+            const uint32_t  *p = cl.map_shared_rank(&S.wh[k][threadIdx.x][0],
+                                                    r);
+
+            s += ((uint64_t) p[1] << 32) + p[0];
         }
         S.H[threadIdx.x] = s;
     }
@@ -663,20 +669,81 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
 }
 
 /*
+ * The smallest order key in the current set (*kmin) and the bits where
+ * the keys differ from it (*diff: the OR over the set of key ^ kmin is
+ * bounded by max ^ min, which is what is returned).  Uses exchange xk + 2.
+ */
+__device__ static void
+msv_gs_key_range(cg::cluster_group &cl, msv_gs_smem &S, int xk,
+    const float *z, const uint16_t *ix, uint32_t n, uint32_t c0, float lo,
+    uint64_t bound, uint32_t *kmin, uint32_t *diff)
+{
+    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, r;
+    uint32_t  mn = UINT32_MAX, mx = 0, o;
+
+    for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+        float  x = MSV_GS_VAL(i);
+
+        if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
+            uint32_t  u = msv_fkey(x);
+
+            mn = u < mn ? u : mn;
+            mx = u > mx ? u : mx;
+        }
+    }
+    for (int d = 16; d > 0; d >>= 1) {
+        o = __shfl_down_sync(0xffffffffu, mn, d);
+        mn = o < mn ? o : mn;
+        o = __shfl_down_sync(0xffffffffu, mx, d);
+        mx = o > mx ? o : mx;
+    }
+    if (lane == 0) {
+        S.red[w][0] = mn;
+        S.red[w][1] = mx;
+    }
+    __syncthreads();
+    mn = UINT32_MAX;
+    mx = 0;
+    for (i = 0; i < MSV_GS_WARPS; i++) {
+        mn = (uint32_t) S.red[i][0] < mn ? (uint32_t) S.red[i][0] : mn;
+        mx = (uint32_t) S.red[i][1] > mx ? (uint32_t) S.red[i][1] : mx;
+    }
+    __syncthreads();
+    msv_gs_exchange(cl, S, xk + 2, mn, mx, 0, 0);
+    mn = UINT32_MAX;
+    mx = 0;
+    for (r = 0; r < S.nr; r++) {
+        mn = (uint32_t) S.g[r][0] < mn ? (uint32_t) S.g[r][0] : mn;
+        mx = (uint32_t) S.g[r][1] > mx ? (uint32_t) S.g[r][1] : mx;
+    }
+    *kmin = mn;
+    *diff = mn ^ mx;
+}
+
+/*
  * Count mode selection: the rank-key bound of the k-th best (1-based)
  * element of the current set.  Uses histograms hk .. hk + 3 and
- * exchanges xk, xk + 1.
+ * exchanges xk .. xk + 2.
  */
 __device__ static uint64_t
 msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
     const float *z, const uint16_t *ix, uint32_t n, uint32_t c0, float lo,
     uint64_t bound, uint64_t k)
 {
-    uint32_t  prefix = 0, mask = 0, shift, digit, i, id;
+    uint32_t  prefix, mask, shift, digit, i, id, top;
     uint64_t  need = k, dummy = 0;
 
-    for (int r = 0; r < 4; r++) {
-        shift = 24 - 8 * r;
+    msv_gs_key_range(cl, S, xk, z, ix, n, c0, lo, bound, &prefix, &top);
+    if (top == 0) {
+        /* one key: the cut alone decides */
+        id = msv_gs_cut(cl, S, xk, z, ix, n, c0, prefix, lo, bound, need);
+        return ((uint64_t) (uint32_t) ~prefix << 32) | id;
+    }
+    shift = 8 * ((31 - __clz(top)) / 8);     /* first byte that differs */
+    mask = shift == 24 ? 0 : ~0u << (shift + 8);
+    prefix &= mask;
+
+    for (int r = 0; r < 4 && shift <= 24; r++, shift -= 8) {
         for (i = threadIdx.x; i < 256; i += MSV_GS_THREADS) {
             S.h[hk + r][i] = 0;
         }
@@ -693,6 +760,9 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
         digit = msv_gs_digit(S, 0, &need, &dummy, 0.0);
         prefix |= digit << shift;
         mask |= 255u << shift;
+        if (shift == 0) {
+            break;
+        }
     }
 
     id = msv_gs_cut(cl, S, xk, z, ix, n, c0, prefix, lo, bound, need);
@@ -975,15 +1045,30 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
     if (fl & (MSV_GS_TOPK | MSV_GS_TOPP | MSV_GS_MINP)) {
         uint32_t  bsel = MSV_GS_NB - 1, own = 0, most = 0;
 
-        for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_THREADS) {
-            S.bh[i] = 0;
+        /* a histogram per warp (in the selection histograms' space, free
+         * until then), so atomics contend within a warp only */
+        uint32_t  (*wh)[MSV_GS_NB] = (uint32_t (*)[MSV_GS_NB]) &S.h[0][0];
+
+        for (i = threadIdx.x; i < MSV_GS_WARPS * MSV_GS_NB;
+             i += MSV_GS_THREADS)
+        {
+            wh[0][i] = 0;
         }
         __syncthreads();
         for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
             x = z[i];
             if (x >= lo) {
-                atomicAdd(&S.bh[msv_gs_bin(m, x)], 1u);
+                atomicAdd(&wh[threadIdx.x >> 5][msv_gs_bin(m, x)], 1u);
             }
+        }
+        __syncthreads();
+        for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_THREADS) {
+            uint32_t  c = 0;
+
+            for (uint32_t w = 0; w < MSV_GS_WARPS; w++) {
+                c += wh[w][i];
+            }
+            S.bh[i] = c;
         }
         cl.sync();
         for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_THREADS) {
@@ -1008,18 +1093,23 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
 
             bsel = bk < bsel ? bk : bsel;
         }
+        uint32_t  all = 0;
+
         for (i = threadIdx.x; i <= bsel; i += MSV_GS_THREADS) {
             own += S.bh[i];
+            all += S.bs[i];
         }
         own = (uint32_t) msv_gs_sum64(S, own);
+        all = (uint32_t) msv_gs_sum64(S, all);
         MSV_GS_MARK(3);
-        msv_gs_exchange(cl, S, xk++, own, 0, 0, 0);
-        uint32_t  all = 0, offs[MSV_GS_CLUSTER];
-
-        for (r = 0; r < S.nr; r++) {
-            most = S.g[r][0] > most ? (uint32_t) S.g[r][0] : most;
-            offs[r] = all;
-            all += (uint32_t) S.g[r][0];
+        /* every share fits if all of them together do; otherwise ask */
+        most = all;
+        if (all > MSV_GS_CAP) {
+            msv_gs_exchange(cl, S, xk++, own, 0, 0, 0);
+            most = 0;
+            for (r = 0; r < S.nr; r++) {
+                most = S.g[r][0] > most ? (uint32_t) S.g[r][0] : most;
+            }
         }
 
         if (most <= MSV_GS_CAP) {
@@ -1040,6 +1130,9 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                     S.ix[at++] = (uint16_t) i;
                     c--;
                 }
+            }
+            if (threadIdx.x == 0) {
+                S.own = tot;
             }
             __syncthreads();
             ix = S.ix;
@@ -1077,22 +1170,22 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                 cl.sync();
                 if (br == 0) {
                     uint32_t  *gid = (uint32_t *) (z + G);
+                    uint32_t   at = 0;
 
                     for (r = 0; r < MSV_GS_CLUSTER; r++) {
                         const float     *rz = cl.map_shared_rank(z, r);
                         const uint16_t  *rx = cl.map_shared_rank(S.ix, r);
-                        uint32_t         nr_ = (uint32_t) (r + 1 < MSV_GS_CLUSTER
-                                                           ? offs[r + 1]
-                                                           : all) - offs[r];
+                        const uint32_t   nr_ = *cl.map_shared_rank(&S.own, r);
 
                         for (uint32_t j = threadIdx.x; j < nr_;
                              j += MSV_GS_THREADS)
                         {
                             if (r > 0) {
-                                z[offs[r] + j] = rz[j];
+                                z[at + j] = rz[j];
                             }
-                            gid[offs[r] + j] = r * chunk + rx[j];
+                            gid[at + j] = r * chunk + rx[j];
                         }
+                        at += nr_;
                     }
                 }
                 /* block 0 has read every other block's shared memory */
@@ -1118,7 +1211,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         if ((uint64_t) R.top_k < n1) {
             bound = msv_gs_select_k(cl, S, 0, xk, z, ix, nn, c0, lo, bound,
                                     (uint64_t) R.top_k);
-            xk += 2;
+            xk += 3;
         }
     }
 
@@ -1146,7 +1239,8 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         for (int rd = 0; rd < 4; rd++) {
             shift = 24 - 8 * rd;
             for (i = threadIdx.x; i < 256; i += MSV_GS_THREADS) {
-                S.wh[rd][i] = 0;
+                S.wh[rd][i][0] = 0;
+                S.wh[rd][i][1] = 0;
             }
             __syncthreads();
             for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
@@ -1157,9 +1251,15 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                     d = (double) x - md;
                     q = msv_weight(d);
                     if (q > 0) {
-                        atomicAdd((unsigned long long *)
-                                  &S.wh[rd][(u >> shift) & 255],
-                                  (unsigned long long) q);
+                        uint32_t  *c = S.wh[rd][(u >> shift) & 255];
+                        uint32_t   ql = (uint32_t) q, old;
+                        uint32_t   qh = (uint32_t) (q >> 32);
+
+                        old = atomicAdd(&c[0], ql);
+                        qh += old + ql < old;       /* the carry */
+                        if (qh != 0) {
+                            atomicAdd(&c[1], qh);
+                        }
                     }
                 }
             }
@@ -1306,7 +1406,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                                             : (uint32_t) nS;
             if (nt < nS) {
                 tb = msv_gs_select_k(cl, S, 4, xk, z, ix, nn, c0, lo, bound, nt);
-                xk += 2;
+                xk += 3;
             }
             for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
                 x = MSV_GS_VAL(i);
