@@ -35,7 +35,7 @@ endif
 
 LIBS := $(B)/libmsv_worker.a $(B)/libmsv_shm.a
 
-BINS  := $(B)/maskserve-worker $(B)/maskserve-cli
+BINS  := $(B)/maskserve-worker $(B)/maskserve-cli $(B)/maskserve-logits
 TESTS := $(TEST_SRC:t/c/%.c=$(B)/t/%)
 BENCH := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 
@@ -64,6 +64,9 @@ $(B)/maskserve-worker: $(B)/worker/main.o $(LIBS)
 
 $(B)/maskserve-cli: $(B)/tools/maskserve-cli.o $(B)/libmsv_shm.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/maskserve-logits: $(B)/tools/maskserve-logits.o $(LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
 
 tests: $(TESTS)
 
