@@ -5,9 +5,11 @@
  * keep-alive connections (one request per connection at a time, epoll,
  * nonblocking sockets), for a fixed number of requests or seconds, and
  * measures requests/s, tokens/s, bytes/s, time to first event and total
- * latency (p50/p99).  The mask modes (off, selected, support) run side by
- * side in one invocation, interleaved over the repeats, at the same load;
- * the median over the repeats is reported in a table printed last.
+ * latency (p50/p99).  The mask modes (off, selected, support), in JSON
+ * or packed (mask_format "packed": selected-packed, support-packed), run
+ * side by side in one invocation, interleaved over the repeats, at the
+ * same load; the median over the repeats is reported in a table printed
+ * last.
  *
  * Every response is validated; a fast wrong answer is not a result:
  *   - HTTP status 200 and the content type of the mode;
@@ -17,18 +19,22 @@
  *     logprob entry per token of the event, rows ascending and unique,
  *     the sampled token in its row, |row| <= top_k, support logprobs
  *     aligned with their row and logsumexp to 0, selected logprobs <= 0;
+ *     packed masks are base64-decoded (strictly) and their lengths, ids
+ *     and logprobs go through the same checks, none skipped;
  *   - the stream ends with `data: [DONE]`, the last event carries the
  *     finish_reason (and only the last) and usage; completion_tokens is
  *     the number of tokens received; with ignore_eos the number of
  *     tokens is max_tokens and the finish_reason is "length";
  *   - request i carries the same prompt and seed in every mode and every
  *     repeat: its token_ids must be identical each time (masks must not
- *     change what is sampled).
+ *     change what is sampled), and its mask ids identical in JSON and
+ *     packed form of the same mode.
  * Any failure is counted, the first few are printed, and the exit status
  * is 1.
  *
  *   e2e_load --port 8080 [-c 64] [-n 512 | -d 10] [--max-tokens 16]
- *            [--modes off,selected,support] [--top-k 50] [--no-stream]
+ *            [--modes off,selected,support,selected-packed,support-packed]
+ *            [--top-k 50] [--no-stream]
  *
  * Run with --help for every option.
  */
@@ -56,6 +62,8 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "msv_b64.h"
+
 
 #define MSV_LOAD_MAX_CONC     4096
 #define MSV_LOAD_MAX_REPEATS  64
@@ -66,16 +74,35 @@
 #define MSV_LOAD_MAX_WATCH    4
 #define MSV_LOAD_WATCH_PIDS   32
 
+/* a run's variant: the mask mode and, for the last two, packed */
 enum {
     MSV_MODE_OFF = 0,
     MSV_MODE_SELECTED,
     MSV_MODE_SUPPORT,
+    MSV_MODE_SELECTED_PACKED,
+    MSV_MODE_SUPPORT_PACKED,
     MSV_N_MODES
 };
 
 static const char  *msv_mode_names[MSV_N_MODES] = {
-    "off", "selected", "support"
+    "off", "selected", "support", "selected-packed", "support-packed"
 };
+
+#define MSV_PACKED_FORMAT  "csr-i32-f32-le-v1"
+
+/* the mask mode of a variant (off, selected, support) */
+static int
+msv_mask_of(int v)
+{
+    return v == MSV_MODE_SELECTED_PACKED ? MSV_MODE_SELECTED
+           : v == MSV_MODE_SUPPORT_PACKED ? MSV_MODE_SUPPORT : v;
+}
+
+static int
+msv_packed_of(int v)
+{
+    return v >= MSV_MODE_SELECTED_PACKED;
+}
 
 
 /* server processes whose CPU time is sampled around every run */
@@ -199,6 +226,7 @@ typedef enum {
     MSV_F_ROW,
     MSV_F_MLPS,
     MSV_F_LPROW,
+    MSV_F_PACKED,           /* sampling_mask_packed (a map) */
     MSV_F_SKIP              /* anything we do not look into */
 } msv_frame_kind_t;
 
@@ -210,6 +238,7 @@ enum {
     MSV_K_FINISH,
     MSV_K_PROMPT, MSV_K_COMPLETION,
     MSV_K_MESSAGE,
+    MSV_K_PACKED, MSV_K_PFORMAT, MSV_K_PLENGTHS, MSV_K_PIDS, MSV_K_PLPS,
     MSV_K_OTHER
 };
 
@@ -233,6 +262,8 @@ typedef struct {
     msv_i32s_t    tokens;
     int           has_mask;
     int           has_mlps;
+    int           has_packed;       /* sampling_mask_packed, decoded */
+    msv_bytes_t   pk[3];            /* its lengths, ids, logprobs */
     msv_i32s_t    row_ids;          /* every row, concatenated */
     msv_i32s_t    row_off;          /* start of each row in row_ids */
     long          mlps_num;         /* selected: one number per token */
@@ -264,6 +295,7 @@ msv_doc_reset(msv_doc_t *d)
     d->tokens.n = 0;
     d->has_mask = 0;
     d->has_mlps = 0;
+    d->has_packed = 0;
     d->row_ids.n = 0;
     d->row_off.n = 0;
     d->mlps_num = 0;
@@ -394,6 +426,12 @@ msv_parse_num(const char *s, size_t n, double *out)
 }
 
 
+static int msv_doc_b64(msv_doc_t *d, msv_bytes_t *b, const char *s,
+    size_t n);
+static int msv_doc_packed(msv_doc_t *d);
+static int msv_doc_packed_lps(msv_doc_t *d, int mode);
+
+
 /* Where a scalar or a container lands: the frame on top and, for maps,
  * the pending key.  Containers: returns the kind of the new frame. */
 
@@ -451,12 +489,155 @@ msv_doc_pop(msv_doc_t *d)
         d->top_done = 1;
         break;
 
+    case MSV_F_PACKED:
+        if (f->seen != (1u << MSV_K_PFORMAT | 1u << MSV_K_PLENGTHS
+                        | 1u << MSV_K_PIDS | 1u << MSV_K_PLPS))
+        {
+            return msv_doc_fail(d, "sampling_mask_packed: a key is "
+                                "missing");
+        }
+        if (msv_doc_packed(d) == 0) {
+            return 0;
+        }
+        break;
+
     default:
         break;
     }
 
     d->depth--;
     return 1;
+}
+
+
+/* A base64 string of sampling_mask_packed, decoded (strictly). */
+
+static int
+msv_doc_b64(msv_doc_t *d, msv_bytes_t *b, const char *s, size_t n)
+{
+    long  got;
+
+    if (n / 4 * 3 + 1 > b->cap) {
+        b->p = msv_grow(b->p, &b->cap, n / 4 * 3 + 1, 1);
+    }
+    got = msv_b64_decode(s, n, b->p);
+    if (got < 0 || got % 4) {
+        return msv_doc_fail(d, "sampling_mask_packed: %s base64 (%zu "
+                            "characters)", got < 0 ? "invalid"
+                            : "not whole 4-byte values in", n);
+    }
+    b->n = (size_t) got;
+    return 1;
+}
+
+
+/*
+ * The packed mask, decoded, into the fields the JSON parser fills (rows
+ * and their ids; the logprobs once the mode is known, msv_doc_packed_lps),
+ * so that msv_doc_check runs the same checks on both.
+ */
+
+static int
+msv_doc_packed(msv_doc_t *d)
+{
+    size_t   t, i, n, total, start;
+    int32_t  len, id, prev;
+
+    n = d->pk[0].n / 4;
+    total = 0;
+
+    for (t = 0; t < n; t++) {
+        memcpy(&len, d->pk[0].p + 4 * t, 4);
+        if (len <= 0) {
+            return msv_doc_fail(d, "sampling_mask_packed: row %zu has "
+                                "length %d", t, (int) len);
+        }
+        total += (size_t) len;
+    }
+    if (d->pk[1].n / 4 != total) {
+        return msv_doc_fail(d, "sampling_mask_packed: %zu ids, the lengths "
+                            "add up to %zu", d->pk[1].n / 4, total);
+    }
+
+    start = 0;
+    for (t = 0; t < n; t++) {
+        memcpy(&len, d->pk[0].p + 4 * t, 4);
+        msv_i32s_push(&d->row_off, (int32_t) d->row_ids.n);
+        prev = -1;
+        for (i = start; i < start + (size_t) len; i++) {
+            memcpy(&id, d->pk[1].p + 4 * i, 4);
+            if (id < 0 || id <= prev) {
+                return msv_doc_fail(d, "sampling_mask_packed: row %zu: ids "
+                                    "not ascending and unique", t);
+            }
+            prev = id;
+            msv_i32s_push(&d->row_ids, id);
+        }
+        start += (size_t) len;
+    }
+
+    d->has_packed = 1;
+    d->has_mask = 1;
+    d->has_mlps = 1;
+    return 1;
+}
+
+
+/*
+ * The packed logprobs, read as the request's mode says (one per token
+ * or one per id), into mlps_num or each support row's logsumexp.
+ * Returns 0 or -1 with d->bad set.
+ */
+
+static int
+msv_doc_packed_lps(msv_doc_t *d, int mode)
+{
+    size_t   t, i, n, total, start, len;
+    float    x;
+    double   m, sum;
+
+    n = d->row_off.n;
+    total = d->row_ids.n;
+
+    if (d->pk[2].n / 4 != (mode == MSV_MODE_SELECTED ? n : total)) {
+        snprintf(d->bad, sizeof(d->bad), "sampling_mask_packed: %zu "
+                 "logprobs in %s mode for %zu tokens and %zu ids",
+                 d->pk[2].n / 4, msv_mode_names[mode], n, total);
+        return -1;
+    }
+
+    for (i = 0; i < d->pk[2].n / 4; i++) {
+        memcpy(&x, d->pk[2].p + 4 * i, 4);
+        if (!(x <= 1e-6f)) {
+            snprintf(d->bad, sizeof(d->bad), "sampling_mask_packed: a "
+                     "logprob above 0");
+            return -1;
+        }
+    }
+
+    if (mode == MSV_MODE_SELECTED) {
+        d->mlps_num = (long) n;
+        return 0;
+    }
+
+    for (t = 0; t < n; t++) {
+        start = (size_t) d->row_off.v[t];
+        len = (t + 1 < n ? (size_t) d->row_off.v[t + 1] : total) - start;
+        m = -INFINITY;
+        for (i = start; i < start + len; i++) {
+            memcpy(&x, d->pk[2].p + 4 * i, 4);
+            m = x > m ? x : m;
+        }
+        sum = 0;
+        for (i = start; i < start + len; i++) {
+            memcpy(&x, d->pk[2].p + 4 * i, 4);
+            sum += exp((double) x - m);
+        }
+        msv_i32s_push(&d->lprow_len, (int32_t) len);
+        msv_f64s_push(&d->lprow_lse, m + log(sum));
+    }
+    d->mlps_arr = (long) n;
+    return 0;
 }
 
 
@@ -498,6 +679,8 @@ msv_cb_key(void *ctx, const unsigned char *k, size_t n)
             key = MSV_K_MASK;
         } else if (MSV_IS("sampling_mask_logprobs")) {
             key = MSV_K_MLPS;
+        } else if (MSV_IS("sampling_mask_packed")) {
+            key = MSV_K_PACKED;
         } else if (MSV_IS("logprobs")) {
             key = MSV_K_LOGPROBS;
         } else if (MSV_IS("finish_reason")) {
@@ -516,6 +699,21 @@ msv_cb_key(void *ctx, const unsigned char *k, size_t n)
     case MSV_F_ERROR:
         if (MSV_IS("message")) {
             key = MSV_K_MESSAGE;
+        }
+        break;
+
+    case MSV_F_PACKED:
+        if (MSV_IS("format")) {
+            key = MSV_K_PFORMAT;
+        } else if (MSV_IS("lengths")) {
+            key = MSV_K_PLENGTHS;
+        } else if (MSV_IS("ids")) {
+            key = MSV_K_PIDS;
+        } else if (MSV_IS("logprobs")) {
+            key = MSV_K_PLPS;
+        } else {
+            return msv_doc_fail(d, "sampling_mask_packed: unknown key "
+                                "\"%.*s\"", (int) n, (const char *) k);
         }
         break;
 
@@ -629,6 +827,22 @@ msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
                      (int) (n > 200 ? 200 : n), s);
         }
         return 1;
+
+    case MSV_F_PACKED:
+        if (type != 's') {
+            return msv_doc_fail(d, "sampling_mask_packed: a value is not a "
+                                "string");
+        }
+        if (f->key == MSV_K_PFORMAT) {
+            if (n != sizeof(MSV_PACKED_FORMAT) - 1
+                || memcmp(s, MSV_PACKED_FORMAT, n) != 0)
+            {
+                return msv_doc_fail(d, "sampling_mask_packed: format "
+                                    "\"%.*s\"", (int) (n > 40 ? 40 : n), s);
+            }
+            return 1;
+        }
+        return msv_doc_b64(d, &d->pk[f->key - MSV_K_PLENGTHS], s, n);
 
     case MSV_F_TOKENS:
         if (type != 'n' || msv_parse_int(s, n, &v) != 0
@@ -762,6 +976,9 @@ msv_cb_start_map(void *ctx)
         return msv_doc_push(d, MSV_F_CHOICE);
 
     case MSV_F_CHOICE:
+        if (f->key == MSV_K_PACKED) {
+            return msv_doc_push(d, MSV_F_PACKED);
+        }
         if (f->key == MSV_K_TOKEN_IDS || f->key == MSV_K_MASK
             || f->key == MSV_K_MLPS || f->key == MSV_K_FINISH)
         {
@@ -868,11 +1085,13 @@ static yajl_callbacks  msv_doc_callbacks = {
  * Returns 0 or -1 with d->bad set. */
 
 static int
-msv_doc_check(msv_doc_t *d, const msv_load_opts_t *o, int mode)
+msv_doc_check(msv_doc_t *d, const msv_load_opts_t *o, int variant)
 {
     size_t   i, r, len, lo, hi, mid, start;
     int32_t  t;
-    int      found;
+    int      found, mode;
+
+    mode = msv_mask_of(variant);
 
     if (d->is_error) {
         snprintf(d->bad, sizeof(d->bad), "error event: %.200s",
@@ -898,9 +1117,18 @@ msv_doc_check(msv_doc_t *d, const msv_load_opts_t *o, int mode)
         return 0;
     }
 
+    if (d->has_packed != msv_packed_of(variant)) {
+        snprintf(d->bad, sizeof(d->bad), "%s mask, %s asked",
+                 d->has_packed ? "a packed" : "a JSON",
+                 msv_packed_of(variant) ? "packed" : "JSON");
+        return -1;
+    }
     if (!d->has_mask || !d->has_mlps) {
         snprintf(d->bad, sizeof(d->bad), "no sampling_mask%s",
                  d->has_mask ? "_logprobs" : "");
+        return -1;
+    }
+    if (d->has_packed && msv_doc_packed_lps(d, mode) != 0) {
         return -1;
     }
     if (d->row_off.n != d->tokens.n) {
@@ -1075,6 +1303,7 @@ typedef struct {
     long               completion_tokens;
     long               prompt_tokens;
     uint64_t           hash;            /* FNV-1a of the token ids */
+    uint64_t           mhash;           /* of the rows' lengths and ids */
     char               bad[MSV_LOAD_ERR_MAX];
 } msv_conn_t;
 
@@ -1111,6 +1340,7 @@ typedef struct {
     double       rps;
     double       tps;
     double       mbps;
+    double       kb_resp;           /* bytes on the wire per response */
     double       ids_per_token;
     double       cpu_pct;
     double       cpu_ms;            /* client CPU per valid response */
@@ -1129,6 +1359,8 @@ typedef struct {
     long              errors_printed;
     uint64_t         *hashes;       /* per request index; 0: not yet */
     size_t            hashes_cap;
+    uint64_t         *mhashes[2];   /* mask ids, selected and support */
+    size_t            mhashes_cap[2];
     long long         total_failed;
     long long         total_mismatches;
 } msv_load_t;
@@ -1260,7 +1492,7 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
                  "],\"sampling_params\":{\"max_tokens\":%ld,"
                  "\"temperature\":%.17g,\"top_k\":%ld,\"top_p\":%.17g,"
                  "\"ignore_eos\":%s,\"seed\":%llu},\"stream\":%s,"
-                 "\"return_sampling_mask\":%s%s%s}",
+                 "\"return_sampling_mask\":%s%s%s%s}",
                  o->max_tokens, o->temperature, o->top_k, o->top_p,
                  o->ignore_eos ? "true" : "false",
                  (unsigned long long) ((o->seed + (uint64_t) c->idx)
@@ -1270,8 +1502,9 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
                  mode == MSV_MODE_OFF ? ""
                      : ",\"sampling_logprobs_mode\":",
                  mode == MSV_MODE_OFF ? ""
-                     : mode == MSV_MODE_SELECTED ? "\"selected\""
-                     : "\"support\"");
+                     : msv_mask_of(mode) == MSV_MODE_SELECTED
+                       ? "\"selected\"" : "\"support\"",
+                 msv_packed_of(mode) ? ",\"mask_format\":\"packed\"" : "");
     msv_bytes_add(&body, head, (size_t) n);
 
     c->req.n = 0;
@@ -1389,6 +1622,7 @@ msv_resp_reset(msv_conn_t *c)
     c->completion_tokens = -1;
     c->prompt_tokens = -1;
     c->hash = 0xcbf29ce484222325ULL;
+    c->mhash = 0xcbf29ce484222325ULL;
     c->bad[0] = '\0';
     c->t_first = 0;
     if (c->yh) {
@@ -1521,6 +1755,35 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
                    (L->hashes_cap - old) * sizeof(uint64_t));
         }
         c->hash |= 1;               /* never 0 */
+        c->mhash |= 1;
+
+        /* the same mask in JSON and packed form */
+        if (msv_mask_of(run->mode) != MSV_MODE_OFF) {
+            int        k = msv_mask_of(run->mode) - MSV_MODE_SELECTED;
+            uint64_t  *mh;
+
+            if (need > L->mhashes_cap[k]) {
+                size_t  old = L->mhashes_cap[k];
+
+                L->mhashes[k] = msv_grow(L->mhashes[k], &L->mhashes_cap[k],
+                                         need, sizeof(uint64_t));
+                memset(L->mhashes[k] + old, 0,
+                       (L->mhashes_cap[k] - old) * sizeof(uint64_t));
+            }
+            mh = &L->mhashes[k][c->idx];
+            if (*mh == 0) {
+                *mh = c->mhash;
+            } else if (*mh != c->mhash) {
+                run->mismatches++;
+                L->total_mismatches++;
+                if (L->errors_printed++ < L->o.print_errors) {
+                    fprintf(stderr, "e2e_load: request %ld (mask %s): mask "
+                            "rows differ from an earlier run of the same "
+                            "request\n", c->idx, msv_mode_names[run->mode]);
+                }
+            }
+        }
+
         if (L->hashes[c->idx] == 0) {
             L->hashes[c->idx] = c->hash;
         } else if (L->hashes[c->idx] != c->hash) {
@@ -1592,6 +1855,19 @@ msv_conn_doc(msv_load_t *L, msv_conn_t *c, msv_doc_t *d)
     for (i = 0; i < d->tokens.n; i++) {
         c->hash = (c->hash ^ (uint32_t) d->tokens.v[i])
                   * 0x100000001b3ULL;
+    }
+    /* row by row, length then ids: the same whatever the events */
+    for (i = 0; i < d->row_off.n; i++) {
+        size_t  j, end;
+
+        end = i + 1 < d->row_off.n ? (size_t) d->row_off.v[i + 1]
+                                   : d->row_ids.n;
+        c->mhash = (c->mhash ^ (uint32_t) (end - (size_t) d->row_off.v[i]))
+                   * 0x100000001b3ULL;
+        for (j = (size_t) d->row_off.v[i]; j < end; j++) {
+            c->mhash = (c->mhash ^ (uint32_t) d->row_ids.v[j])
+                       * 0x100000001b3ULL;
+        }
     }
 
     if (d->finish == 2) {
@@ -2467,6 +2743,8 @@ msv_run_summary(const msv_load_opts_t *o, msv_run_t *run)
     run->mbps = run->ok ? run->rps * (double) run->bytes / (double) run->ok
                           / 1e6
                         : 0;
+    run->kb_resp = run->ok ? (double) run->bytes / (double) run->ok / 1e3
+                           : 0;
     run->ids_per_token = run->tokens ? (double) run->mask_ids
                                        / (double) run->tokens
                                      : 0;
@@ -2494,14 +2772,14 @@ msv_run_print(const msv_load_opts_t *o, msv_run_t *run, long rep)
 
     printf("run %-8s rep %ld: %ld ok, %ld failed, %ld mismatched in %.2f s"
            " (%s %.2f s): %.1f req/s, %.0f tok/s, %s p50 %.1f ms p99 %.1f "
-           "ms, latency p50 %.1f ms p99 %.1f ms, %.2f MB/s; CPU per "
-           "response: client %.2f ms (%.0f%% of a core)",
+           "ms, latency p50 %.1f ms p99 %.1f ms, %.2f MB/s, %.1f KB/resp; "
+           "CPU per response: client %.2f ms (%.0f%% of a core)",
            msv_mode_names[run->mode], rep + 1, run->ok, run->failed,
            run->mismatches, run->t_last - run->t0,
            run->steady ? "steady window" : "NO steady window, whole run",
            run->win, run->rps, run->tps, o->stream ? "TTFE" : "TTFB",
            run->ttfe50, run->ttfe99, run->lat50, run->lat99, run->mbps,
-           run->cpu_ms, run->cpu_pct);
+           run->kb_resp, run->cpu_ms, run->cpu_pct);
     for (i = 0; i < o->n_watch; i++) {
         printf(", %s %.2f ms", o->watch[i].label, run->wcpu_ms[i]);
     }
@@ -2539,7 +2817,9 @@ msv_usage(FILE *f)
 "  --ignore-eos 0|1       sampling_params.ignore_eos (1); with 1 every\n"
 "                         response must carry exactly max_tokens tokens\n"
 "  --modes LIST           mask modes to compare, comma-separated, from\n"
-"                         off, selected, support (default all three)\n"
+"                         off, selected, support (JSON), selected-packed,\n"
+"                         support-packed (mask_format \"packed\"), or all\n"
+"                         (default off,selected,support)\n"
 "  --top-k K              sampling_params.top_k (default -1: off)\n"
 "  --top-p P              sampling_params.top_p (1.0)\n"
 "  --temperature T        sampling_params.temperature (1.0)\n"
@@ -2603,6 +2883,12 @@ msv_opt_modes(msv_load_opts_t *o, const char *s)
     int          m, i;
 
     o->n_modes = 0;
+    if (strcmp(s, "all") == 0) {
+        for (m = 0; m < MSV_N_MODES; m++) {
+            o->modes[o->n_modes++] = m;
+        }
+        return 0;
+    }
     while (*p) {
         e = strchr(p, ',');
         n = e ? (size_t) (e - p) : strlen(p);
@@ -2615,7 +2901,8 @@ msv_opt_modes(msv_load_opts_t *o, const char *s)
         }
         if (m == MSV_N_MODES) {
             fprintf(stderr, "e2e_load: --modes: unknown mode \"%.*s\" "
-                    "(off, selected, support)\n", (int) n, p);
+                    "(off, selected, support, selected-packed, "
+                    "support-packed, all)\n", (int) n, p);
             return -1;
         }
         for (i = 0; i < o->n_modes; i++) {
@@ -2983,13 +3270,13 @@ main(int argc, char **argv)
            o->stream ? "streams" : "requests", o->max_tokens, o->top_k,
            o->repeats);
     printf("| mask | req/s | tokens/s | %s p50 ms | %s p99 ms | latency "
-           "p50 ms | latency p99 ms | MB/s | mask ids/token | client CPU "
-           "ms/resp |", o->stream ? "TTFE" : "TTFB",
+           "p50 ms | latency p99 ms | MB/s | KB/resp | mask ids/token | "
+           "client CPU ms/resp |", o->stream ? "TTFE" : "TTFB",
            o->stream ? "TTFE" : "TTFB");
     for (i = 0; i < o->n_watch; i++) {
         printf(" %s CPU ms/resp |", o->watch[i].label);
     }
-    printf(" req/s vs off |\n|---|---|---|---|---|---|---|---|---|---|");
+    printf(" req/s vs off |\n|---|---|---|---|---|---|---|---|---|---|---|");
     for (i = 0; i < o->n_watch; i++) {
         printf("---|");
     }
@@ -3005,10 +3292,10 @@ main(int argc, char **argv)
     for (m = 0; m < o->n_modes; m++) {
         msv_run_t  *run;
         long        fail = 0;
-        double      med[9 + MSV_LOAD_MAX_WATCH], lo, hi;
+        double      med[10 + MSV_LOAD_MAX_WATCH], lo, hi;
         int         q;
 
-        for (q = 0; q < 9 + o->n_watch; q++) {
+        for (q = 0; q < 10 + o->n_watch; q++) {
             for (r = 0; r < o->repeats; r++) {
                 run = &runs[r * o->n_modes + m];
 
@@ -3022,7 +3309,8 @@ main(int argc, char **argv)
                 case 6: v[r] = run->mbps; break;
                 case 7: v[r] = run->ids_per_token; break;
                 case 8: v[r] = run->cpu_ms; break;
-                default: v[r] = run->wcpu_ms[q - 9]; break;
+                case 9: v[r] = run->kb_resp; break;
+                default: v[r] = run->wcpu_ms[q - 10]; break;
                 }
             }
             med[q] = msv_median(v, o->repeats);
@@ -3034,10 +3322,11 @@ main(int argc, char **argv)
 
         mode = o->modes[m];
         printf("| %s | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.2f | "
-               "%.1f | %.2f | ", msv_mode_names[mode], med[0], med[1],
-               med[2], med[3], med[4], med[5], med[6], med[7], med[8]);
+               "%.1f | %.1f | %.2f | ", msv_mode_names[mode], med[0], med[1],
+               med[2], med[3], med[4], med[5], med[6], med[9], med[7],
+               med[8]);
         for (q = 0; q < o->n_watch; q++) {
-            printf("%.2f | ", med[9 + q]);
+            printf("%.3f | ", med[10 + q]);
         }
 
         if (base_m < 0) {
@@ -3072,6 +3361,9 @@ main(int argc, char **argv)
         free(L.conns[i].doc.row_off.v);
         free(L.conns[i].doc.lprow_len.v);
         free(L.conns[i].doc.lprow_lse.v);
+        free(L.conns[i].doc.pk[0].p);
+        free(L.conns[i].doc.pk[1].p);
+        free(L.conns[i].doc.pk[2].p);
     }
     for (i = 0; i < o->repeats * o->n_modes; i++) {
         msv_run_free(&runs[i]);
@@ -3080,6 +3372,8 @@ main(int argc, char **argv)
     free(L.conns);
     free(L.rbuf);
     free(L.hashes);
+    free(L.mhashes[0]);
+    free(L.mhashes[1]);
     freeaddrinfo(L.ai);
     close(L.ep);
 
