@@ -4,7 +4,9 @@
 # run against real nginx + the module + a CPU worker: packed == JSON in
 # every mode, streamed and not, greedy, whole-vocabulary rows, aborted and
 # random requests, and the replay of masks on the CPU backend's own
-# logits (build/maskserve-logits) in numpy and torch to 1e-5.
+# logits (build/maskserve-logits) in numpy and torch to 1e-5.  Then
+# bench/e2e_load checks live responses of every variant (JSON and packed
+# side by side, their mask rows compared).
 #
 # Every Python test is relayed as one TAP line; a skipped one fails.
 
@@ -74,6 +76,17 @@ pytests('live, no numpy', join(' ', map { "test_live.Live.$_" }
                test_random_requests test_packed_events_cover_their_tokens
                test_bad_mask_format test_installed_package)),
         %live, MASKSERVE_CLIENT_NO_NUMPY => 1);
+
+# the load client's checker on live responses, every variant side by side:
+# JSON and packed masks checked alike and their rows compared
+my ($port) = $t->url('') =~ /:(\d+)$/;
+for my $k (50, -1) {
+    my $o = `$MsvTest::BUILD/bench/e2e_load --port $port -c 4 -n 16 --repeats 1 --max-tokens 8 --warmup 4 --modes all --top-k $k 2>&1`;
+    is($?, 0, "bench/e2e_load validates every variant (top_k $k)")
+        or diag($o);
+    like($o, qr/validation: 0 failed responses, 0 token_ids mismatches/,
+         '... with no failure and no mismatch');
+}
 
 # every request ended and left nothing behind
 ok(MsvTest::wait_for(sub { ($t->health->{workers}[0]{slots_in_use} // 1) == 0 },
