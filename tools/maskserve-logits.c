@@ -1,12 +1,13 @@
 /*
- * maskserve-logits: the CPU backend's logits for a prompt and the tokens
- * that followed it, computed the way the worker computes them (the prompt
- * in prefill chunks, then one token per step), so that a trainer-side
- * replay of a mask can be checked against the behaviour logprobs the
- * server returned.
+ * maskserve-logits: a backend's logits (CPU by default) for a prompt and
+ * the tokens that followed it, computed the way the worker computes them
+ * (the prompt in prefill chunks, then one token per step), so that a
+ * trainer-side replay of a mask can be checked against the behaviour
+ * logprobs the server returned.
  *
  *   maskserve-logits (--model DIR | --dummy PRESET) [--seed N]
- *       [--max-num-batched-tokens N] --prompt IDS --tokens IDS --out FILE
+ *       [--backend cpu|cuda] [--max-num-batched-tokens N]
+ *       --prompt IDS --tokens IDS --out FILE
  *
  * IDS is a comma-separated list of token ids.  --seed is the worker's
  * (it makes the dummy weights).  FILE receives len(tokens) rows of vocab
@@ -31,8 +32,8 @@ usage(void)
 {
     fprintf(stderr,
 "usage: maskserve-logits (--model DIR | --dummy PRESET) [--seed N]\n"
-"           [--max-num-batched-tokens N] --prompt IDS --tokens IDS "
-"--out FILE\n");
+"           [--backend cpu|cuda] [--max-num-batched-tokens N]\n"
+"           --prompt IDS --tokens IDS --out FILE\n");
 }
 
 
@@ -88,7 +89,7 @@ main(int argc, char **argv)
     uint32_t                         n_prompt, n_toks, n_all, i, take, done;
     uint32_t                         seq, n_new, pos0, max_batched;
     uint64_t                         seed;
-    const char                      *model, *dummy, *out, *ps, *ts;
+    const char                      *model, *dummy, *out, *ps, *ts, *backend;
     struct msv_batch                 b;
     struct msv_weights               w;
     struct msv_backend              *be;
@@ -99,6 +100,7 @@ main(int argc, char **argv)
         { "model",                  required_argument, 0, 'm' },
         { "dummy",                  required_argument, 0, 'd' },
         { "seed",                   required_argument, 0, 's' },
+        { "backend",                required_argument, 0, 'b' },
         { "max-num-batched-tokens", required_argument, 0, 'B' },
         { "prompt",                 required_argument, 0, 'p' },
         { "tokens",                 required_argument, 0, 't' },
@@ -108,6 +110,7 @@ main(int argc, char **argv)
     };
 
     model = dummy = out = ps = ts = NULL;
+    backend = "cpu";
     seed = 0;
     max_batched = 2048;
 
@@ -118,6 +121,7 @@ main(int argc, char **argv)
         case 'p': ps = optarg; break;
         case 't': ts = optarg; break;
         case 'o': out = optarg; break;
+        case 'b': backend = optarg; break;
         case 's':
             errno = 0;
             seed = strtoull(optarg, &end, 10);
@@ -195,15 +199,35 @@ main(int argc, char **argv)
         }
     }
 
-    ops = &msv_backend_cpu;
+    if (strcmp(backend, "cpu") == 0) {
+        ops = &msv_backend_cpu;
+
+    } else if (strcmp(backend, "cuda") == 0) {
+        ops = msv_backend_cuda();
+        if (ops == NULL || !msv_cuda_available()) {
+            fprintf(stderr, "maskserve-logits: --backend cuda: %s\n",
+                    ops == NULL ? "this build has no CUDA backend"
+                                : "no usable GPU");
+            return 1;
+        }
+
+    } else {
+        fprintf(stderr, "maskserve-logits: --backend: \"%s\" is neither cpu "
+                "nor cuda\n", backend);
+        return 2;
+    }
+
     be = ops->create(&cfg, &w, 1, n_all, 0, 1, err, sizeof(err));
     if (be == NULL) {
-        fprintf(stderr, "maskserve-logits: cpu backend: %s\n", err);
+        fprintf(stderr, "maskserve-logits: %s backend: %s\n", backend, err);
         return 1;
     }
 
     all = malloc(n_all * sizeof(int32_t));
-    logits = malloc((size_t) cfg.vocab_size * sizeof(float));
+    /* where the backend writes logits fastest (pinned, for the GPU) */
+    logits = ops->host_alloc ? ops->host_alloc((size_t) cfg.vocab_size
+                                               * sizeof(float))
+                             : malloc((size_t) cfg.vocab_size * sizeof(float));
     if (all == NULL || logits == NULL) {
         fprintf(stderr, "maskserve-logits: out of memory\n");
         return 1;
@@ -280,7 +304,11 @@ main(int argc, char **argv)
     free(prompt);
     free(toks);
     free(all);
-    free(logits);
+    if (ops->host_free) {
+        ops->host_free(logits);
+    } else {
+        free(logits);
+    }
 
     return 0;
 }

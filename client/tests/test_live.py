@@ -5,10 +5,11 @@ on the CPU backend), started by t/50-client.t which sets:
   MSV_LOGITS       the maskserve-logits binary
   MSV_DUMMY        the worker's --dummy preset
   MSV_WORKER_SEED  the worker's --seed (it makes the dummy weights)
+  MSV_LOGITS_BACKEND  the worker's --backend, for maskserve-logits (cpu)
 
 Packed answers decode to the very arrays of JSON ones in every mode,
 streamed or not (greedy, whole-vocabulary rows, top logprobs, penalties,
-aborted requests, random requests); the replay of the masks on the CPU
+aborted requests, random requests); the replay of the masks on the
 backend's own logits gives the behaviour logprobs to 1e-5.
 MSV_TEST_SEED changes the random seed.
 """
@@ -256,6 +257,7 @@ class Live(unittest.TestCase):
         cmd = [os.environ["MSV_LOGITS"], "--dummy",
                os.environ.get("MSV_DUMMY", "tiny"), "--seed",
                os.environ.get("MSV_WORKER_SEED", "1"),
+               "--backend", os.environ.get("MSV_LOGITS_BACKEND", "cpu"),
                "--prompt", ",".join(map(str, prompt)),
                "--tokens", ",".join(map(str, toks)), "--out", out]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
