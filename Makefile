@@ -35,7 +35,7 @@ endif
 
 LIBS := $(B)/libmsv_worker.a $(B)/libmsv_shm.a
 
-BINS  := $(B)/maskserve-worker $(B)/maskserve-cli
+BINS  := $(B)/maskserve-worker $(B)/maskserve-cli $(B)/maskserve-logits
 TESTS := $(TEST_SRC:t/c/%.c=$(B)/t/%)
 BENCH := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 
@@ -65,7 +65,17 @@ $(B)/maskserve-worker: $(B)/worker/main.o $(LIBS)
 $(B)/maskserve-cli: $(B)/tools/maskserve-cli.o $(B)/libmsv_shm.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+$(B)/maskserve-logits: $(B)/tools/maskserve-logits.o $(LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
+
 tests: $(TESTS)
+
+# the load client's response checker, tested on its own
+$(B)/t/test_e2e_check: t/c/test_e2e_check.c $(wildcard bench/e2e/*.[ch]) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -It/c -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
+	    -o $@ $< $(wildcard bench/e2e/*.c) $(wildcard ngx_module/msv_*.c) $(LIBS) \
+	    $(CUDA_LIBS) $(LDLIBS)
 
 $(B)/t/%: t/c/%.c $(LIBS)
 	@mkdir -p $(dir $@)
@@ -78,6 +88,15 @@ $(B)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ingx_module $(CFLAGS) $(LDFLAGS) -O3 -MMD -MP -o $@ $< \
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
+
+# the e2e load client is split by concern: bench/e2e/ holds its parts
+E2E_SRC := $(wildcard bench/e2e/*.c)
+
+$(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -O3 -MMD -MP \
+	    -o $@ $< $(E2E_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) \
+	    $(LDLIBS)
 
 # The nginx dynamic module, built against Debian's nginx-dev sources.
 module:

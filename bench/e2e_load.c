@@ -5,9 +5,11 @@
  * keep-alive connections (one request per connection at a time, epoll,
  * nonblocking sockets), for a fixed number of requests or seconds, and
  * measures requests/s, tokens/s, bytes/s, time to first event and total
- * latency (p50/p99).  The mask modes (off, selected, support) run side by
- * side in one invocation, interleaved over the repeats, at the same load;
- * the median over the repeats is reported in a table printed last.
+ * latency (p50/p99).  The mask modes (off, selected, support), in JSON
+ * or packed (mask_format "packed": selected-packed, support-packed), run
+ * side by side in one invocation, interleaved over the repeats, at the
+ * same load; the median over the repeats is reported in a table printed
+ * last.
  *
  * Every response is validated; a fast wrong answer is not a result:
  *   - HTTP status 200 and the content type of the mode;
@@ -17,18 +19,28 @@
  *     logprob entry per token of the event, rows ascending and unique,
  *     the sampled token in its row, |row| <= top_k, support logprobs
  *     aligned with their row and logsumexp to 0, selected logprobs <= 0;
+ *     packed masks are base64-decoded (strictly) and their lengths, ids
+ *     and logprobs go through the same checks, none skipped;
  *   - the stream ends with `data: [DONE]`, the last event carries the
  *     finish_reason (and only the last) and usage; completion_tokens is
  *     the number of tokens received; with ignore_eos the number of
  *     tokens is max_tokens and the finish_reason is "length";
  *   - request i carries the same prompt and seed in every mode and every
  *     repeat: its token_ids must be identical each time (masks must not
- *     change what is sampled).
+ *     change what is sampled), and its mask ids identical in JSON and
+ *     packed form of the same mode.
  * Any failure is counted, the first few are printed, and the exit status
  * is 1.
  *
+ * The parts: this file is the HTTP/1.1 client (connections, chunked
+ * decoding, SSE splitting), the load driver with its statistics and the
+ * options; bench/e2e/check.c parses and checks each JSON document (also
+ * tested alone, t/c/test_e2e_check.c); bench/e2e/array.c the growable
+ * arrays both use.  t/50-client.t runs this client against a live stack.
+ *
  *   e2e_load --port 8080 [-c 64] [-n 512 | -d 10] [--max-tokens 16]
- *            [--modes off,selected,support] [--top-k 50] [--no-stream]
+ *            [--modes off,selected,support,selected-packed,support-packed]
+ *            [--top-k 50] [--no-stream]
  *
  * Run with --help for every option.
  */
@@ -56,26 +68,18 @@
 
 #include <yajl/yajl_parse.h>
 
+#include "array.h"
+#include "check.h"
+
 
 #define MSV_LOAD_MAX_CONC     4096
 #define MSV_LOAD_MAX_REPEATS  64
-#define MSV_LOAD_MAX_DEPTH    64
 #define MSV_LOAD_HDR_MAX      16384
-#define MSV_LOAD_ERR_MAX      256
+#define MSV_LOAD_ERR_MAX      MSV_CHECK_ERR_MAX
 #define MSV_LOAD_READ_BUF     (256 * 1024)
 #define MSV_LOAD_MAX_WATCH    4
 #define MSV_LOAD_WATCH_PIDS   32
 
-enum {
-    MSV_MODE_OFF = 0,
-    MSV_MODE_SELECTED,
-    MSV_MODE_SUPPORT,
-    MSV_N_MODES
-};
-
-static const char  *msv_mode_names[MSV_N_MODES] = {
-    "off", "selected", "support"
-};
 
 
 /* server processes whose CPU time is sampled around every run */
@@ -109,882 +113,6 @@ typedef struct {
     msv_watch_t  watch[MSV_LOAD_MAX_WATCH];
     int          n_watch;
 } msv_load_opts_t;
-
-
-/* ------------------------------------------------------------------ */
-/* Growable arrays                                                      */
-
-typedef struct {
-    int32_t  *v;
-    size_t    n;
-    size_t    cap;
-} msv_i32s_t;
-
-typedef struct {
-    char    *p;
-    size_t   n;
-    size_t   cap;
-} msv_bytes_t;
-
-typedef struct {
-    double  *v;
-    size_t   n;
-    size_t   cap;
-} msv_f64s_t;
-
-
-static void *
-msv_grow(void *p, size_t *cap, size_t need, size_t elt)
-{
-    size_t   c;
-    void    *np;
-
-    c = *cap ? *cap : 64;
-    while (c < need) {
-        c *= 2;
-    }
-    np = realloc(p, c * elt);
-    if (np == NULL) {
-        fprintf(stderr, "e2e_load: out of memory (%zu bytes)\n", c * elt);
-        exit(1);
-    }
-    *cap = c;
-    return np;
-}
-
-
-static void
-msv_i32s_push(msv_i32s_t *a, int32_t x)
-{
-    if (a->n == a->cap) {
-        a->v = msv_grow(a->v, &a->cap, a->n + 1, sizeof(int32_t));
-    }
-    a->v[a->n++] = x;
-}
-
-
-static void
-msv_f64s_push(msv_f64s_t *a, double x)
-{
-    if (a->n == a->cap) {
-        a->v = msv_grow(a->v, &a->cap, a->n + 1, sizeof(double));
-    }
-    a->v[a->n++] = x;
-}
-
-
-static void
-msv_bytes_add(msv_bytes_t *b, const char *p, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        b->p = msv_grow(b->p, &b->cap, b->n + n + 1, 1);
-    }
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-
-/* ------------------------------------------------------------------ */
-/* One JSON document: an SSE event or a whole non-streaming body        */
-
-typedef enum {
-    MSV_F_TOP = 0,          /* maps */
-    MSV_F_CHOICE,
-    MSV_F_USAGE,
-    MSV_F_ERROR,
-    MSV_F_CHOICES,          /* arrays */
-    MSV_F_TOKENS,
-    MSV_F_MASK,
-    MSV_F_ROW,
-    MSV_F_MLPS,
-    MSV_F_LPROW,
-    MSV_F_SKIP              /* anything we do not look into */
-} msv_frame_kind_t;
-
-/* keys we know, per map */
-enum {
-    MSV_K_NONE = 0,
-    MSV_K_REQUEST_ID, MSV_K_SEED, MSV_K_CHOICES, MSV_K_USAGE, MSV_K_ERRORK,
-    MSV_K_INDEX, MSV_K_TOKEN_IDS, MSV_K_MASK, MSV_K_MLPS, MSV_K_LOGPROBS,
-    MSV_K_FINISH,
-    MSV_K_PROMPT, MSV_K_COMPLETION,
-    MSV_K_MESSAGE,
-    MSV_K_OTHER
-};
-
-typedef struct {
-    msv_frame_kind_t  kind;
-    int               key;          /* pending key of a map */
-    uint32_t          seen;         /* keys seen in a map */
-} msv_frame_t;
-
-typedef struct {
-    /* parser state */
-    msv_frame_t   stack[MSV_LOAD_MAX_DEPTH];
-    int           depth;            /* frames in use */
-    long          skip_depth;       /* containers open below a SKIP frame */
-    int           top_done;
-
-    /* what the document said */
-    int           is_error;
-    char          error[MSV_LOAD_ERR_MAX];
-    long          n_choices;
-    msv_i32s_t    tokens;
-    int           has_mask;
-    int           has_mlps;
-    msv_i32s_t    row_ids;          /* every row, concatenated */
-    msv_i32s_t    row_off;          /* start of each row in row_ids */
-    long          mlps_num;         /* selected: one number per token */
-    long          mlps_arr;         /* support: one array per token */
-    msv_i32s_t    lprow_len;
-    msv_f64s_t    lprow_lse;
-    int32_t       lp_n;             /* current support row: count, */
-    double        lp_max;           /* running max and */
-    double        lp_sum;           /* sum of exp(lp - max) */
-    int           finish;           /* 0 absent, 1 null, 2 string */
-    char          finish_str[16];
-    long          prompt_tokens;    /* -1: absent */
-    long          completion_tokens;
-
-    /* the first problem found */
-    char          bad[MSV_LOAD_ERR_MAX];
-} msv_doc_t;
-
-
-static void
-msv_doc_reset(msv_doc_t *d)
-{
-    d->depth = 0;
-    d->skip_depth = 0;
-    d->top_done = 0;
-    d->is_error = 0;
-    d->error[0] = '\0';
-    d->n_choices = 0;
-    d->tokens.n = 0;
-    d->has_mask = 0;
-    d->has_mlps = 0;
-    d->row_ids.n = 0;
-    d->row_off.n = 0;
-    d->mlps_num = 0;
-    d->mlps_arr = 0;
-    d->lprow_len.n = 0;
-    d->lprow_lse.n = 0;
-    d->finish = 0;
-    d->finish_str[0] = '\0';
-    d->prompt_tokens = -1;
-    d->completion_tokens = -1;
-    d->bad[0] = '\0';
-}
-
-
-static int
-msv_doc_fail(msv_doc_t *d, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static int
-msv_doc_fail(msv_doc_t *d, const char *fmt, ...)
-{
-    va_list  ap;
-
-    if (d->bad[0] == '\0') {
-        va_start(ap, fmt);
-        vsnprintf(d->bad, sizeof(d->bad), fmt, ap);
-        va_end(ap);
-    }
-    return 0;                       /* stops the parser */
-}
-
-
-static int
-msv_parse_int(const char *s, size_t n, long *out)
-{
-    size_t  i = 0;
-    long    v = 0;
-    int     neg = 0;
-
-    if (n > 0 && s[0] == '-') {
-        neg = 1;
-        i = 1;
-    }
-    if (i == n || n - i > 18) {
-        return -1;
-    }
-    for ( /* void */ ; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9') {
-            return -1;
-        }
-        v = v * 10 + (s[i] - '0');
-    }
-    *out = neg ? -v : v;
-    return 0;
-}
-
-
-/*
- * A JSON number (yajl checked its syntax) as a double.  Up to 19
- * significant digits and a decimal exponent within 10^+-22 are converted
- * directly (within an ulp or so: plenty for the checks here, and several
- * times faster than strtod); anything else goes through strtod.
- */
-
-static const double  msv_pow10[] = {
-    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
-    1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22
-};
-
-static int
-msv_parse_num(const char *s, size_t n, double *out)
-{
-    char      buf[64], *end;
-    size_t    i = 0;
-    uint64_t  m = 0;
-    int       neg = 0, digits = 0, scale = 0, e = 0, eneg = 0;
-    double    x;
-
-    if (i < n && s[i] == '-') {
-        neg = 1;
-        i++;
-    }
-    for ( /* void */ ; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
-        if (digits < 19) {
-            m = m * 10 + (uint64_t) (s[i] - '0');
-            digits += m != 0;
-        } else {
-            scale++;
-        }
-    }
-    if (i < n && s[i] == '.') {
-        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
-            if (digits < 19) {
-                m = m * 10 + (uint64_t) (s[i] - '0');
-                digits += m != 0;
-                scale--;
-            }
-        }
-    }
-    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
-        i++;
-        if (i < n && (s[i] == '-' || s[i] == '+')) {
-            eneg = s[i] == '-';
-            i++;
-        }
-        for ( /* void */ ; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
-            if (e < 10000) {
-                e = e * 10 + (s[i] - '0');
-            }
-        }
-    }
-    scale += eneg ? -e : e;
-
-    if (i == n && scale >= -22 && scale <= 22) {
-        x = (double) m;
-        x = scale < 0 ? x / msv_pow10[-scale] : x * msv_pow10[scale];
-        *out = neg ? -x : x;
-        return 0;
-    }
-
-    if (n == 0 || n >= sizeof(buf)) {
-        return -1;
-    }
-    memcpy(buf, s, n);
-    buf[n] = '\0';
-    *out = strtod(buf, &end);
-    return end == buf + n ? 0 : -1;
-}
-
-
-/* Where a scalar or a container lands: the frame on top and, for maps,
- * the pending key.  Containers: returns the kind of the new frame. */
-
-static msv_frame_t *
-msv_doc_top(msv_doc_t *d)
-{
-    return d->depth > 0 ? &d->stack[d->depth - 1] : NULL;
-}
-
-
-static int
-msv_doc_push(msv_doc_t *d, msv_frame_kind_t kind)
-{
-    if (kind == MSV_F_SKIP && d->depth > 0
-        && d->stack[d->depth - 1].kind == MSV_F_SKIP)
-    {
-        d->skip_depth++;
-        return 1;
-    }
-    if (d->depth == MSV_LOAD_MAX_DEPTH) {
-        return msv_doc_fail(d, "JSON nested too deep");
-    }
-    d->stack[d->depth].kind = kind;
-    d->stack[d->depth].key = MSV_K_NONE;
-    d->stack[d->depth].seen = 0;
-    d->depth++;
-    return 1;
-}
-
-
-static int
-msv_doc_pop(msv_doc_t *d)
-{
-    msv_frame_t  *f;
-    double        lse;
-
-    f = msv_doc_top(d);
-    if (f == NULL) {
-        return msv_doc_fail(d, "unbalanced JSON");
-    }
-    if (f->kind == MSV_F_SKIP && d->skip_depth > 0) {
-        d->skip_depth--;
-        return 1;
-    }
-
-    switch (f->kind) {
-
-    case MSV_F_LPROW:
-        lse = d->lp_n ? d->lp_max + log(d->lp_sum) : 0.0;
-        msv_i32s_push(&d->lprow_len, d->lp_n);
-        msv_f64s_push(&d->lprow_lse, lse);
-        break;
-
-    case MSV_F_TOP:
-        d->top_done = 1;
-        break;
-
-    default:
-        break;
-    }
-
-    d->depth--;
-    return 1;
-}
-
-
-static int
-msv_cb_key(void *ctx, const unsigned char *k, size_t n)
-{
-    msv_doc_t    *d = ctx;
-    msv_frame_t  *f = msv_doc_top(d);
-    int           key = MSV_K_OTHER;
-
-#define MSV_IS(s)  (n == sizeof(s) - 1 && memcmp(k, s, n) == 0)
-
-    if (f == NULL) {
-        return msv_doc_fail(d, "key outside an object");
-    }
-
-    switch (f->kind) {
-
-    case MSV_F_TOP:
-        if (MSV_IS("request_id")) {
-            key = MSV_K_REQUEST_ID;
-        } else if (MSV_IS("seed")) {
-            key = MSV_K_SEED;
-        } else if (MSV_IS("choices")) {
-            key = MSV_K_CHOICES;
-        } else if (MSV_IS("usage")) {
-            key = MSV_K_USAGE;
-        } else if (MSV_IS("error")) {
-            key = MSV_K_ERRORK;
-        }
-        break;
-
-    case MSV_F_CHOICE:
-        if (MSV_IS("index")) {
-            key = MSV_K_INDEX;
-        } else if (MSV_IS("token_ids")) {
-            key = MSV_K_TOKEN_IDS;
-        } else if (MSV_IS("sampling_mask")) {
-            key = MSV_K_MASK;
-        } else if (MSV_IS("sampling_mask_logprobs")) {
-            key = MSV_K_MLPS;
-        } else if (MSV_IS("logprobs")) {
-            key = MSV_K_LOGPROBS;
-        } else if (MSV_IS("finish_reason")) {
-            key = MSV_K_FINISH;
-        }
-        break;
-
-    case MSV_F_USAGE:
-        if (MSV_IS("prompt_tokens")) {
-            key = MSV_K_PROMPT;
-        } else if (MSV_IS("completion_tokens")) {
-            key = MSV_K_COMPLETION;
-        }
-        break;
-
-    case MSV_F_ERROR:
-        if (MSV_IS("message")) {
-            key = MSV_K_MESSAGE;
-        }
-        break;
-
-    case MSV_F_SKIP:
-        return 1;
-
-    default:
-        return msv_doc_fail(d, "key inside an array");
-    }
-
-#undef MSV_IS
-
-    if (key != MSV_K_OTHER) {
-        if (f->seen & (1u << key)) {
-            return msv_doc_fail(d, "duplicate key \"%.*s\"", (int) n,
-                                (const char *) k);
-        }
-        f->seen |= 1u << key;
-    }
-    f->key = key;
-    return 1;
-}
-
-
-/* a scalar: 'n' number (text in s), 's' string, 'b' boolean, '0' null */
-
-static int
-msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
-{
-    msv_frame_t  *f = msv_doc_top(d);
-    long          v;
-    double        x;
-    size_t        nr;
-    int32_t       prev;
-
-    if (f == NULL) {
-        return msv_doc_fail(d, "a document that is not an object");
-    }
-
-    switch (f->kind) {
-
-    case MSV_F_SKIP:
-        return 1;
-
-    case MSV_F_TOP:
-        if (f->key == MSV_K_CHOICES || f->key == MSV_K_USAGE) {
-            return msv_doc_fail(d, "%s has the wrong type",
-                                f->key == MSV_K_CHOICES ? "choices" : "usage");
-        }
-        if (f->key == MSV_K_ERRORK) {
-            d->is_error = 1;
-            snprintf(d->error, sizeof(d->error), "%.*s",
-                     (int) (n > 200 ? 200 : n), s ? s : "");
-        }
-        return 1;
-
-    case MSV_F_CHOICE:
-        switch (f->key) {
-
-        case MSV_K_INDEX:
-            if (type != 'n' || msv_parse_int(s, n, &v) != 0 || v != 0) {
-                return msv_doc_fail(d, "choices[0].index is not 0");
-            }
-            return 1;
-
-        case MSV_K_FINISH:
-            if (type == '0') {
-                d->finish = 1;
-                return 1;
-            }
-            if (type != 's' || n == 0 || n >= sizeof(d->finish_str)) {
-                return msv_doc_fail(d, "bad finish_reason");
-            }
-            memcpy(d->finish_str, s, n);
-            d->finish_str[n] = '\0';
-            d->finish = 2;
-            return 1;
-
-        case MSV_K_LOGPROBS:
-            return 1;               /* null */
-
-        case MSV_K_TOKEN_IDS:
-        case MSV_K_MASK:
-        case MSV_K_MLPS:
-            return msv_doc_fail(d, "%s is not an array",
-                                f->key == MSV_K_TOKEN_IDS ? "token_ids"
-                                : f->key == MSV_K_MASK ? "sampling_mask"
-                                : "sampling_mask_logprobs");
-        default:
-            return 1;
-        }
-
-    case MSV_F_USAGE:
-        if (f->key == MSV_K_PROMPT || f->key == MSV_K_COMPLETION) {
-            if (type != 'n' || msv_parse_int(s, n, &v) != 0 || v < 0) {
-                return msv_doc_fail(d, "usage.%s is not a count",
-                                    f->key == MSV_K_PROMPT
-                                    ? "prompt_tokens" : "completion_tokens");
-            }
-            if (f->key == MSV_K_PROMPT) {
-                d->prompt_tokens = v;
-            } else {
-                d->completion_tokens = v;
-            }
-        }
-        return 1;
-
-    case MSV_F_ERROR:
-        if (f->key == MSV_K_MESSAGE && type == 's') {
-            snprintf(d->error, sizeof(d->error), "%.*s",
-                     (int) (n > 200 ? 200 : n), s);
-        }
-        return 1;
-
-    case MSV_F_TOKENS:
-        if (type != 'n' || msv_parse_int(s, n, &v) != 0
-            || v < 0 || v > INT32_MAX)
-        {
-            return msv_doc_fail(d, "token_ids: not a token id");
-        }
-        msv_i32s_push(&d->tokens, (int32_t) v);
-        return 1;
-
-    case MSV_F_ROW:
-        if (type != 'n' || msv_parse_int(s, n, &v) != 0
-            || v < 0 || v > INT32_MAX)
-        {
-            return msv_doc_fail(d, "sampling_mask: not a token id");
-        }
-        nr = d->row_off.n;
-        if (d->row_ids.n > (size_t) d->row_off.v[nr - 1]) {
-            prev = d->row_ids.v[d->row_ids.n - 1];
-            if ((int32_t) v <= prev) {
-                return msv_doc_fail(d, "sampling_mask: row ids not "
-                                    "ascending and unique");
-            }
-        }
-        msv_i32s_push(&d->row_ids, (int32_t) v);
-        return 1;
-
-    case MSV_F_MLPS:
-        if (type != 'n' || msv_parse_num(s, n, &x) != 0) {
-            return msv_doc_fail(d, "sampling_mask_logprobs: not a "
-                                "number");
-        }
-        if (!(x <= 1e-6)) {
-            return msv_doc_fail(d, "sampling_mask_logprobs: a selected "
-                                "logprob above 0");
-        }
-        d->mlps_num++;
-        return 1;
-
-    case MSV_F_LPROW:
-        if (type != 'n' || msv_parse_num(s, n, &x) != 0) {
-            return msv_doc_fail(d, "sampling_mask_logprobs: not a "
-                                "number");
-        }
-        if (!(x <= 1e-6)) {
-            return msv_doc_fail(d, "sampling_mask_logprobs: a support "
-                                "logprob above 0");
-        }
-        /* running logsumexp */
-        if (d->lp_n == 0) {
-            d->lp_max = x;
-            d->lp_sum = 1.0;
-        } else if (x > d->lp_max) {
-            d->lp_sum = d->lp_sum * exp(d->lp_max - x) + 1.0;
-            d->lp_max = x;
-        } else {
-            d->lp_sum += exp(x - d->lp_max);
-        }
-        d->lp_n++;
-        return 1;
-
-    case MSV_F_CHOICES:
-        return msv_doc_fail(d, "choices: an element is not an object");
-
-    case MSV_F_MASK:
-        return msv_doc_fail(d, "sampling_mask: a row is not an array");
-    }
-
-    return 1;
-}
-
-
-static int
-msv_cb_null(void *ctx)
-{
-    return msv_doc_scalar(ctx, '0', NULL, 0);
-}
-
-
-static int
-msv_cb_bool(void *ctx, int b)
-{
-    return msv_doc_scalar(ctx, 'b', NULL, 0);
-}
-
-
-static int
-msv_cb_number(void *ctx, const char *s, size_t n)
-{
-    return msv_doc_scalar(ctx, 'n', s, n);
-}
-
-
-static int
-msv_cb_string(void *ctx, const unsigned char *s, size_t n)
-{
-    return msv_doc_scalar(ctx, 's', (const char *) s, n);
-}
-
-
-static int
-msv_cb_start_map(void *ctx)
-{
-    msv_doc_t    *d = ctx;
-    msv_frame_t  *f = msv_doc_top(d);
-
-    if (f == NULL) {
-        if (d->top_done) {
-            return msv_doc_fail(d, "two JSON documents in one");
-        }
-        return msv_doc_push(d, MSV_F_TOP);
-    }
-
-    switch (f->kind) {
-
-    case MSV_F_TOP:
-        if (f->key == MSV_K_USAGE) {
-            return msv_doc_push(d, MSV_F_USAGE);
-        }
-        if (f->key == MSV_K_ERRORK) {
-            d->is_error = 1;
-            return msv_doc_push(d, MSV_F_ERROR);
-        }
-        if (f->key == MSV_K_CHOICES) {
-            return msv_doc_fail(d, "choices is not an array");
-        }
-        return msv_doc_push(d, MSV_F_SKIP);
-
-    case MSV_F_CHOICES:
-        d->n_choices++;
-        return msv_doc_push(d, MSV_F_CHOICE);
-
-    case MSV_F_CHOICE:
-        if (f->key == MSV_K_TOKEN_IDS || f->key == MSV_K_MASK
-            || f->key == MSV_K_MLPS || f->key == MSV_K_FINISH)
-        {
-            return msv_doc_fail(d, "choices[0]: a field has the wrong "
-                                "type");
-        }
-        return msv_doc_push(d, MSV_F_SKIP);
-
-    case MSV_F_SKIP:
-    case MSV_F_USAGE:
-    case MSV_F_ERROR:
-        return msv_doc_push(d, MSV_F_SKIP);
-
-    default:
-        return msv_doc_fail(d, "an object where numbers or rows belong");
-    }
-}
-
-
-static int
-msv_cb_start_array(void *ctx)
-{
-    msv_doc_t    *d = ctx;
-    msv_frame_t  *f = msv_doc_top(d);
-
-    if (f == NULL) {
-        return msv_doc_fail(d, "a document that is not an object");
-    }
-
-    switch (f->kind) {
-
-    case MSV_F_TOP:
-        if (f->key == MSV_K_CHOICES) {
-            return msv_doc_push(d, MSV_F_CHOICES);
-        }
-        if (f->key == MSV_K_USAGE || f->key == MSV_K_ERRORK) {
-            return msv_doc_fail(d, "usage or error is an array");
-        }
-        return msv_doc_push(d, MSV_F_SKIP);
-
-    case MSV_F_CHOICE:
-        switch (f->key) {
-        case MSV_K_TOKEN_IDS:
-            return msv_doc_push(d, MSV_F_TOKENS);
-        case MSV_K_MASK:
-            d->has_mask = 1;
-            return msv_doc_push(d, MSV_F_MASK);
-        case MSV_K_MLPS:
-            d->has_mlps = 1;
-            return msv_doc_push(d, MSV_F_MLPS);
-        case MSV_K_FINISH:
-        case MSV_K_INDEX:
-            return msv_doc_fail(d, "choices[0]: a field has the wrong "
-                                "type");
-        default:
-            return msv_doc_push(d, MSV_F_SKIP);
-        }
-
-    case MSV_F_MASK:
-        msv_i32s_push(&d->row_off, (int32_t) d->row_ids.n);
-        return msv_doc_push(d, MSV_F_ROW);
-
-    case MSV_F_MLPS:
-        d->mlps_arr++;
-        d->lp_n = 0;
-        d->lp_max = 0;
-        d->lp_sum = 0;
-        return msv_doc_push(d, MSV_F_LPROW);
-
-    case MSV_F_SKIP:
-    case MSV_F_USAGE:
-    case MSV_F_ERROR:
-        return msv_doc_push(d, MSV_F_SKIP);
-
-    default:
-        return msv_doc_fail(d, "an array where a number belongs");
-    }
-}
-
-
-static int
-msv_cb_end(void *ctx)
-{
-    return msv_doc_pop(ctx);
-}
-
-
-static yajl_callbacks  msv_doc_callbacks = {
-    msv_cb_null,
-    msv_cb_bool,
-    NULL,                           /* integers and doubles come */
-    NULL,                           /* through the number callback */
-    msv_cb_number,
-    msv_cb_string,
-    msv_cb_start_map,
-    msv_cb_key,
-    msv_cb_end,
-    msv_cb_start_array,
-    msv_cb_end
-};
-
-
-/* Checks of one document against the request, once it is parsed.
- * Returns 0 or -1 with d->bad set. */
-
-static int
-msv_doc_check(msv_doc_t *d, const msv_load_opts_t *o, int mode)
-{
-    size_t   i, r, len, lo, hi, mid, start;
-    int32_t  t;
-    int      found;
-
-    if (d->is_error) {
-        snprintf(d->bad, sizeof(d->bad), "error event: %.200s",
-                 d->error[0] ? d->error : "(no message)");
-        return -1;
-    }
-    if (d->n_choices != 1) {
-        snprintf(d->bad, sizeof(d->bad), "%ld choices, expected 1",
-                 d->n_choices);
-        return -1;
-    }
-    if (d->finish == 0) {
-        snprintf(d->bad, sizeof(d->bad), "no finish_reason in choices[0]");
-        return -1;
-    }
-
-    if (mode == MSV_MODE_OFF) {
-        if (d->has_mask || d->has_mlps) {
-            snprintf(d->bad, sizeof(d->bad),
-                     "sampling_mask sent although not asked for");
-            return -1;
-        }
-        return 0;
-    }
-
-    if (!d->has_mask || !d->has_mlps) {
-        snprintf(d->bad, sizeof(d->bad), "no sampling_mask%s",
-                 d->has_mask ? "_logprobs" : "");
-        return -1;
-    }
-    if (d->row_off.n != d->tokens.n) {
-        snprintf(d->bad, sizeof(d->bad), "%zu mask rows for %zu tokens",
-                 d->row_off.n, d->tokens.n);
-        return -1;
-    }
-    if (mode == MSV_MODE_SELECTED
-        && (d->mlps_arr != 0 || (size_t) d->mlps_num != d->tokens.n))
-    {
-        snprintf(d->bad, sizeof(d->bad), "selected logprobs: %ld numbers "
-                 "and %ld arrays for %zu tokens", d->mlps_num, d->mlps_arr,
-                 d->tokens.n);
-        return -1;
-    }
-    if (mode == MSV_MODE_SUPPORT
-        && (d->mlps_num != 0 || (size_t) d->mlps_arr != d->tokens.n))
-    {
-        snprintf(d->bad, sizeof(d->bad), "support logprobs: %ld numbers "
-                 "and %ld arrays for %zu tokens", d->mlps_num, d->mlps_arr,
-                 d->tokens.n);
-        return -1;
-    }
-
-    for (r = 0; r < d->row_off.n; r++) {
-        start = (size_t) d->row_off.v[r];
-        len = (r + 1 < d->row_off.n ? (size_t) d->row_off.v[r + 1]
-                                    : d->row_ids.n) - start;
-        if (len == 0) {
-            snprintf(d->bad, sizeof(d->bad), "mask row %zu is empty", r);
-            return -1;
-        }
-        if (o->top_k > 0 && len > (size_t) o->top_k) {
-            snprintf(d->bad, sizeof(d->bad), "mask row %zu has %zu ids, "
-                     "top_k %ld", r, len, o->top_k);
-            return -1;
-        }
-        if (o->temperature == 0 && len != 1) {
-            snprintf(d->bad, sizeof(d->bad), "greedy mask row %zu has %zu "
-                     "ids", r, len);
-            return -1;
-        }
-
-        /* the sampled token is in its row (ids ascending: bisect) */
-        t = d->tokens.v[r];
-        lo = start;
-        hi = start + len;
-        found = 0;
-        while (lo < hi) {
-            mid = lo + (hi - lo) / 2;
-            if (d->row_ids.v[mid] == t) {
-                found = 1;
-                break;
-            }
-            if (d->row_ids.v[mid] < t) {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        if (!found) {
-            snprintf(d->bad, sizeof(d->bad), "sampled token %d is not in "
-                     "its mask row", (int) t);
-            return -1;
-        }
-
-        if (mode == MSV_MODE_SUPPORT) {
-            i = r;
-            if ((size_t) d->lprow_len.v[i] != len) {
-                snprintf(d->bad, sizeof(d->bad), "support logprobs row %zu: "
-                         "%d values for %zu ids", r, (int) d->lprow_len.v[i],
-                         len);
-                return -1;
-            }
-            if (fabs(d->lprow_lse.v[i]) > 1e-4) {
-                snprintf(d->bad, sizeof(d->bad), "support logprobs row %zu: "
-                         "logsumexp %.3g, expected 0", r, d->lprow_lse.v[i]);
-                return -1;
-            }
-        }
-    }
-
-    return 0;
-}
 
 
 /* ------------------------------------------------------------------ */
@@ -1075,6 +203,7 @@ typedef struct {
     long               completion_tokens;
     long               prompt_tokens;
     uint64_t           hash;            /* FNV-1a of the token ids */
+    uint64_t           mhash;           /* of the rows' lengths and ids */
     char               bad[MSV_LOAD_ERR_MAX];
 } msv_conn_t;
 
@@ -1111,6 +240,7 @@ typedef struct {
     double       rps;
     double       tps;
     double       mbps;
+    double       kb_resp;           /* bytes on the wire per response */
     double       ids_per_token;
     double       cpu_pct;
     double       cpu_ms;            /* client CPU per valid response */
@@ -1129,6 +259,8 @@ typedef struct {
     long              errors_printed;
     uint64_t         *hashes;       /* per request index; 0: not yet */
     size_t            hashes_cap;
+    uint64_t         *mhashes[2];   /* mask ids, selected and support */
+    size_t            mhashes_cap[2];
     long long         total_failed;
     long long         total_mismatches;
 } msv_load_t;
@@ -1260,7 +392,7 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
                  "],\"sampling_params\":{\"max_tokens\":%ld,"
                  "\"temperature\":%.17g,\"top_k\":%ld,\"top_p\":%.17g,"
                  "\"ignore_eos\":%s,\"seed\":%llu},\"stream\":%s,"
-                 "\"return_sampling_mask\":%s%s%s}",
+                 "\"return_sampling_mask\":%s%s%s%s}",
                  o->max_tokens, o->temperature, o->top_k, o->top_p,
                  o->ignore_eos ? "true" : "false",
                  (unsigned long long) ((o->seed + (uint64_t) c->idx)
@@ -1270,8 +402,9 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
                  mode == MSV_MODE_OFF ? ""
                      : ",\"sampling_logprobs_mode\":",
                  mode == MSV_MODE_OFF ? ""
-                     : mode == MSV_MODE_SELECTED ? "\"selected\""
-                     : "\"support\"");
+                     : msv_mask_of(mode) == MSV_MODE_SELECTED
+                       ? "\"selected\"" : "\"support\"",
+                 msv_packed_of(mode) ? ",\"mask_format\":\"packed\"" : "");
     msv_bytes_add(&body, head, (size_t) n);
 
     c->req.n = 0;
@@ -1389,6 +522,7 @@ msv_resp_reset(msv_conn_t *c)
     c->completion_tokens = -1;
     c->prompt_tokens = -1;
     c->hash = 0xcbf29ce484222325ULL;
+    c->mhash = 0xcbf29ce484222325ULL;
     c->bad[0] = '\0';
     c->t_first = 0;
     if (c->yh) {
@@ -1521,6 +655,35 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
                    (L->hashes_cap - old) * sizeof(uint64_t));
         }
         c->hash |= 1;               /* never 0 */
+        c->mhash |= 1;
+
+        /* the same mask in JSON and packed form */
+        if (msv_mask_of(run->mode) != MSV_MODE_OFF) {
+            int        k = msv_mask_of(run->mode) - MSV_MODE_SELECTED;
+            uint64_t  *mh;
+
+            if (need > L->mhashes_cap[k]) {
+                size_t  old = L->mhashes_cap[k];
+
+                L->mhashes[k] = msv_grow(L->mhashes[k], &L->mhashes_cap[k],
+                                         need, sizeof(uint64_t));
+                memset(L->mhashes[k] + old, 0,
+                       (L->mhashes_cap[k] - old) * sizeof(uint64_t));
+            }
+            mh = &L->mhashes[k][c->idx];
+            if (*mh == 0) {
+                *mh = c->mhash;
+            } else if (*mh != c->mhash) {
+                run->mismatches++;
+                L->total_mismatches++;
+                if (L->errors_printed++ < L->o.print_errors) {
+                    fprintf(stderr, "e2e_load: request %ld (mask %s): mask "
+                            "rows differ from an earlier run of the same "
+                            "request\n", c->idx, msv_mode_names[run->mode]);
+                }
+            }
+        }
+
         if (L->hashes[c->idx] == 0) {
             L->hashes[c->idx] = c->hash;
         } else if (L->hashes[c->idx] != c->hash) {
@@ -1575,7 +738,7 @@ msv_conn_doc(msv_load_t *L, msv_conn_t *c, msv_doc_t *d)
     msv_run_t  *run = L->run;
     size_t      i;
 
-    if (msv_doc_check(d, &L->o, run->mode) != 0) {
+    if (msv_doc_check(d, L->o.top_k, L->o.temperature, run->mode) != 0) {
         msv_fail(L, c, "%s%s", L->o.stream ? "event: " : "", d->bad);
         return -1;
     }
@@ -1592,6 +755,19 @@ msv_conn_doc(msv_load_t *L, msv_conn_t *c, msv_doc_t *d)
     for (i = 0; i < d->tokens.n; i++) {
         c->hash = (c->hash ^ (uint32_t) d->tokens.v[i])
                   * 0x100000001b3ULL;
+    }
+    /* row by row, length then ids: the same whatever the events */
+    for (i = 0; i < d->row_off.n; i++) {
+        size_t  j, end;
+
+        end = i + 1 < d->row_off.n ? (size_t) d->row_off.v[i + 1]
+                                   : d->row_ids.n;
+        c->mhash = (c->mhash ^ (uint32_t) (end - (size_t) d->row_off.v[i]))
+                   * 0x100000001b3ULL;
+        for (j = (size_t) d->row_off.v[i]; j < end; j++) {
+            c->mhash = (c->mhash ^ (uint32_t) d->row_ids.v[j])
+                       * 0x100000001b3ULL;
+        }
     }
 
     if (d->finish == 2) {
@@ -2467,6 +1643,8 @@ msv_run_summary(const msv_load_opts_t *o, msv_run_t *run)
     run->mbps = run->ok ? run->rps * (double) run->bytes / (double) run->ok
                           / 1e6
                         : 0;
+    run->kb_resp = run->ok ? (double) run->bytes / (double) run->ok / 1e3
+                           : 0;
     run->ids_per_token = run->tokens ? (double) run->mask_ids
                                        / (double) run->tokens
                                      : 0;
@@ -2494,14 +1672,14 @@ msv_run_print(const msv_load_opts_t *o, msv_run_t *run, long rep)
 
     printf("run %-8s rep %ld: %ld ok, %ld failed, %ld mismatched in %.2f s"
            " (%s %.2f s): %.1f req/s, %.0f tok/s, %s p50 %.1f ms p99 %.1f "
-           "ms, latency p50 %.1f ms p99 %.1f ms, %.2f MB/s; CPU per "
-           "response: client %.2f ms (%.0f%% of a core)",
+           "ms, latency p50 %.1f ms p99 %.1f ms, %.2f MB/s, %.1f KB/resp; "
+           "CPU per response: client %.2f ms (%.0f%% of a core)",
            msv_mode_names[run->mode], rep + 1, run->ok, run->failed,
            run->mismatches, run->t_last - run->t0,
            run->steady ? "steady window" : "NO steady window, whole run",
            run->win, run->rps, run->tps, o->stream ? "TTFE" : "TTFB",
            run->ttfe50, run->ttfe99, run->lat50, run->lat99, run->mbps,
-           run->cpu_ms, run->cpu_pct);
+           run->kb_resp, run->cpu_ms, run->cpu_pct);
     for (i = 0; i < o->n_watch; i++) {
         printf(", %s %.2f ms", o->watch[i].label, run->wcpu_ms[i]);
     }
@@ -2539,7 +1717,9 @@ msv_usage(FILE *f)
 "  --ignore-eos 0|1       sampling_params.ignore_eos (1); with 1 every\n"
 "                         response must carry exactly max_tokens tokens\n"
 "  --modes LIST           mask modes to compare, comma-separated, from\n"
-"                         off, selected, support (default all three)\n"
+"                         off, selected, support (JSON), selected-packed,\n"
+"                         support-packed (mask_format \"packed\"), or all\n"
+"                         (default off,selected,support)\n"
 "  --top-k K              sampling_params.top_k (default -1: off)\n"
 "  --top-p P              sampling_params.top_p (1.0)\n"
 "  --temperature T        sampling_params.temperature (1.0)\n"
@@ -2603,6 +1783,12 @@ msv_opt_modes(msv_load_opts_t *o, const char *s)
     int          m, i;
 
     o->n_modes = 0;
+    if (strcmp(s, "all") == 0) {
+        for (m = 0; m < MSV_N_MODES; m++) {
+            o->modes[o->n_modes++] = m;
+        }
+        return 0;
+    }
     while (*p) {
         e = strchr(p, ',');
         n = e ? (size_t) (e - p) : strlen(p);
@@ -2615,7 +1801,8 @@ msv_opt_modes(msv_load_opts_t *o, const char *s)
         }
         if (m == MSV_N_MODES) {
             fprintf(stderr, "e2e_load: --modes: unknown mode \"%.*s\" "
-                    "(off, selected, support)\n", (int) n, p);
+                    "(off, selected, support, selected-packed, "
+                    "support-packed, all)\n", (int) n, p);
             return -1;
         }
         for (i = 0; i < o->n_modes; i++) {
@@ -2983,13 +2170,13 @@ main(int argc, char **argv)
            o->stream ? "streams" : "requests", o->max_tokens, o->top_k,
            o->repeats);
     printf("| mask | req/s | tokens/s | %s p50 ms | %s p99 ms | latency "
-           "p50 ms | latency p99 ms | MB/s | mask ids/token | client CPU "
-           "ms/resp |", o->stream ? "TTFE" : "TTFB",
+           "p50 ms | latency p99 ms | MB/s | KB/resp | mask ids/token | "
+           "client CPU ms/resp |", o->stream ? "TTFE" : "TTFB",
            o->stream ? "TTFE" : "TTFB");
     for (i = 0; i < o->n_watch; i++) {
         printf(" %s CPU ms/resp |", o->watch[i].label);
     }
-    printf(" req/s vs off |\n|---|---|---|---|---|---|---|---|---|---|");
+    printf(" req/s vs off |\n|---|---|---|---|---|---|---|---|---|---|---|");
     for (i = 0; i < o->n_watch; i++) {
         printf("---|");
     }
@@ -3005,10 +2192,10 @@ main(int argc, char **argv)
     for (m = 0; m < o->n_modes; m++) {
         msv_run_t  *run;
         long        fail = 0;
-        double      med[9 + MSV_LOAD_MAX_WATCH], lo, hi;
+        double      med[10 + MSV_LOAD_MAX_WATCH], lo, hi;
         int         q;
 
-        for (q = 0; q < 9 + o->n_watch; q++) {
+        for (q = 0; q < 10 + o->n_watch; q++) {
             for (r = 0; r < o->repeats; r++) {
                 run = &runs[r * o->n_modes + m];
 
@@ -3022,7 +2209,8 @@ main(int argc, char **argv)
                 case 6: v[r] = run->mbps; break;
                 case 7: v[r] = run->ids_per_token; break;
                 case 8: v[r] = run->cpu_ms; break;
-                default: v[r] = run->wcpu_ms[q - 9]; break;
+                case 9: v[r] = run->kb_resp; break;
+                default: v[r] = run->wcpu_ms[q - 10]; break;
                 }
             }
             med[q] = msv_median(v, o->repeats);
@@ -3034,10 +2222,11 @@ main(int argc, char **argv)
 
         mode = o->modes[m];
         printf("| %s | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.2f | "
-               "%.1f | %.2f | ", msv_mode_names[mode], med[0], med[1],
-               med[2], med[3], med[4], med[5], med[6], med[7], med[8]);
+               "%.1f | %.1f | %.2f | ", msv_mode_names[mode], med[0], med[1],
+               med[2], med[3], med[4], med[5], med[6], med[9], med[7],
+               med[8]);
         for (q = 0; q < o->n_watch; q++) {
-            printf("%.2f | ", med[9 + q]);
+            printf("%.3f | ", med[10 + q]);
         }
 
         if (base_m < 0) {
@@ -3067,11 +2256,7 @@ main(int argc, char **argv)
         free(L.conns[i].hdr.p);
         free(L.conns[i].data.p);
         free(L.conns[i].errbody.p);
-        free(L.conns[i].doc.tokens.v);
-        free(L.conns[i].doc.row_ids.v);
-        free(L.conns[i].doc.row_off.v);
-        free(L.conns[i].doc.lprow_len.v);
-        free(L.conns[i].doc.lprow_lse.v);
+        msv_doc_free(&L.conns[i].doc);
     }
     for (i = 0; i < o->repeats * o->n_modes; i++) {
         msv_run_free(&runs[i]);
@@ -3080,6 +2265,8 @@ main(int argc, char **argv)
     free(L.conns);
     free(L.rbuf);
     free(L.hashes);
+    free(L.mhashes[0]);
+    free(L.mhashes[1]);
     freeaddrinfo(L.ai);
     close(L.ep);
 

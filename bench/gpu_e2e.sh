@@ -5,6 +5,12 @@
 # mask off, selected and support side by side (interleaved, repeated), at
 # top_k 20 and 1000.  Every response is validated by the client.
 #
+#   MODES=all TOP_KS="1000 8192" bench/gpu_e2e.sh
+#
+# compares JSON and packed masks (off, selected, support, selected-packed,
+# support-packed) at the issue-10 settings: nginx and client CPU per
+# response, bytes per response, tokens/s and the ratio to mask-off.
+#
 # The machine needs no Debian packages installed: the script unpacks
 # .debs/*.deb (apt-get download nginx libhiredis0.14 libyajl2 libyajl-dev
 # redis-server redis-tools liblzf1 libjemalloc2) into a scratch folder and
@@ -23,6 +29,8 @@ REQUESTS=${REQUESTS:-768}
 REPEATS=${REPEATS:-2}
 MAX_TOKENS=${MAX_TOKENS:-64}
 PORT=${PORT:-18080}
+MODES=${MODES:-off,selected,support}
+TOP_KS=${TOP_KS:-20 1000}
 REDIS_PORT=${REDIS_PORT:-16390}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_e2e.log") 2>&1
@@ -96,11 +104,11 @@ done
 curl -sS "http://127.0.0.1:$PORT/health"; echo
 ngx=$(pgrep -f "nginx: worker process" | paste -sd, -)
 
-for k in 20 1000; do
+for k in $TOP_KS; do
     echo "== top_k $k: $CONC streams, $REQUESTS requests per run, $MAX_TOKENS tokens each"
     "$B/bench/e2e_load" --port "$PORT" -c "$CONC" -n "$REQUESTS" \
         --repeats "$REPEATS" --max-tokens "$MAX_TOKENS" --top-k "$k" \
-        --vocab 150000 --prompt-len 64 --timeout 300 \
-        --cpu worker=$wpid --cpu nginx="$ngx" 2>&1 | tail -8
+        --vocab 150000 --prompt-len 64 --timeout 300 --modes "$MODES" \
+        --cpu worker=$wpid --cpu nginx="$ngx" 2>&1 | tail -14
 done
 tail -3 "$run/worker.log"

@@ -208,6 +208,7 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
     ctx->r = r;
     ctx->lcf = lcf;
     ctx->stream = g.stream;
+    ctx->packed = g.packed;
     ctx->mode = g.params.mask_mode;
     ctx->logprobs = g.params.logprobs;
     ctx->prompt_tokens = g.n_prompt;
@@ -217,7 +218,9 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
         ctx->seed_known = 1;
     }
 
-    ngx_http_maskserve_output_init(ctx);
+    if (ngx_http_maskserve_output_init(ctx) != NGX_OK) {
+        goto internal;
+    }
 
     cln = ngx_http_cleanup_add(r, 0);
     if (cln == NULL) {

@@ -19,6 +19,7 @@
 
 #include "msv_shm.h"
 #include "msv_link.h"
+#include "msv_b64.h"
 #include "ngx_http_maskserve_redis.h"
 
 
@@ -114,7 +115,29 @@ typedef struct {
     ngx_buf_t                     *buf;      /* the one being written */
     size_t                         bytes;
     ngx_uint_t                     count;    /* elements, for commas */
+    msv_b64_t                      b64;      /* packed: the open group */
 } ngx_http_maskserve_sec_t;
+
+
+/*
+ * The output of one choice, in sections.  JSON: ids, mask, mlps and lpc
+ * hold the token_ids, sampling_mask, sampling_mask_logprobs and
+ * logprobs.content arrays.  Packed: ids stays JSON, the others hold base64
+ * strings (mask: the ids, mlps: the mask logprobs, lpc: the sampled
+ * tokens' logprobs) and mlen, tlen, tids, tlps the row lengths and the top
+ * entries' lengths, ids and logprobs.
+ */
+typedef struct {
+    ngx_uint_t                     index;
+    ngx_http_maskserve_sec_t       ids;
+    ngx_http_maskserve_sec_t       mask;
+    ngx_http_maskserve_sec_t       mlps;
+    ngx_http_maskserve_sec_t       lpc;
+    ngx_http_maskserve_sec_t       mlen;
+    ngx_http_maskserve_sec_t       tlen;
+    ngx_http_maskserve_sec_t       tids;
+    ngx_http_maskserve_sec_t       tlps;
+} ngx_http_maskserve_choice_t;
 
 
 struct ngx_http_maskserve_ctx_s {
@@ -137,10 +160,8 @@ struct ngx_http_maskserve_ctx_s {
     ngx_http_maskserve_err_t       err;           /* err.status 0: none */
 
     /* output, formatted as rows arrive */
-    ngx_http_maskserve_sec_t       ids;
-    ngx_http_maskserve_sec_t       mask;
-    ngx_http_maskserve_sec_t       mlps;
-    ngx_http_maskserve_sec_t       lpc;
+    ngx_http_maskserve_choice_t   *choices;
+    ngx_uint_t                     n_choices;
     ngx_chain_t                   *free;
     ngx_chain_t                   *busy;
     size_t                         buf_size;      /* of section buffers */
@@ -153,6 +174,7 @@ struct ngx_http_maskserve_ctx_s {
     void                          *redis_get;     /* pending lookup */
 
     unsigned                       stream:1;
+    unsigned                       packed:1;      /* mask_format "packed" */
     unsigned                       admitted:1;    /* holds a slot */
     unsigned                       done:1;        /* no more rows */
     unsigned                       finished:1;    /* final output sent */

@@ -1,6 +1,13 @@
 /*
  * ngx_http_maskserve_output.c: rows -> JSON text in the request's buffers.
  *
+ * mask_format "json" writes the numbers as decimal text (msv_json).
+ * "packed" writes the mask and the top logprobs as base64 of the ring's
+ * own int32 and float32 data (msv_b64), encoded from the row straight into
+ * the section buffers; each section is one base64 stream, closed when an
+ * event or the body is composed, so that every event carries complete
+ * strings covering exactly its tokens (docs/API.md, "Packed masks").
+ *
  * Buffers come in two sizes: ctx->buf_size for the sections and a small
  * one for glue (the text between sections, the event's head and tail).
  * Both are tagged with the module and recycled through the
@@ -14,11 +21,20 @@
 
 #include "msv_shm.h"
 #include "msv_json.h"
+#include "msv_b64.h"
 #include "ngx_http_maskserve_module.h"
 #include "ngx_http_maskserve_output.h"
 
 
+#if !(NGX_HAVE_LITTLE_ENDIAN)
+#error "the packed mask format sends the ring's rows as they are: " \
+       "little-endian hosts only"
+#endif
+
+
 #define NGX_HTTP_MASKSERVE_SMALL  512
+
+#define MSV_PACKED_FORMAT  "csr-i32-f32-le-v1"
 
 /* the most one number with its separator takes */
 #define MSV_ID_ROOM    (MSV_I32_MAX_CHARS + 1)
@@ -35,26 +51,52 @@ static ngx_int_t ngx_http_maskserve_sec_array(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const void *v, uint32_t n, ngx_uint_t f32);
 static ngx_int_t ngx_http_maskserve_sec_top(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const struct msv_row *w);
+static ngx_int_t ngx_http_maskserve_row_json(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch, const struct msv_row *w);
+static ngx_int_t ngx_http_maskserve_row_packed(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch, const struct msv_row *w);
+static ngx_int_t ngx_http_maskserve_sec_b64(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const void *src, size_t n);
 static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec);
+static void ngx_http_maskserve_choice_reset(ngx_http_maskserve_choice_t *ch);
+static ngx_int_t ngx_http_maskserve_compose_choice(
+    ngx_http_maskserve_ctx_t *ctx, ngx_http_maskserve_choice_t *ch,
+    ngx_uint_t final, ngx_chain_t ***ll);
+static ngx_int_t ngx_http_maskserve_link(ngx_http_maskserve_ctx_t *ctx,
+    ngx_chain_t ***ll, ngx_http_maskserve_sec_t *sec);
 static ngx_int_t ngx_http_maskserve_glue(ngx_http_maskserve_ctx_t *ctx,
     ngx_chain_t ***ll, const char *s, size_t n);
+static ngx_int_t ngx_http_maskserve_glue2(ngx_http_maskserve_ctx_t *ctx,
+    ngx_chain_t ***ll, const char *a, const char *b);
 static ngx_int_t ngx_http_maskserve_fail_row(ngx_http_maskserve_ctx_t *ctx,
     ngx_uint_t status, const char *type, const char *param,
     const char *fmt, ...);
 
 
-void
+ngx_int_t
 ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx)
 {
-    ngx_http_maskserve_sec_reset(&ctx->ids);
-    ngx_http_maskserve_sec_reset(&ctx->mask);
-    ngx_http_maskserve_sec_reset(&ctx->mlps);
-    ngx_http_maskserve_sec_reset(&ctx->lpc);
+    ngx_uint_t  i;
+
+    /* one choice per request for now: every row is choice 0's */
+    ctx->n_choices = 1;
+    ctx->choices = ngx_pcalloc(ctx->r->pool, ctx->n_choices
+                               * sizeof(ngx_http_maskserve_choice_t));
+    if (ctx->choices == NULL) {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < ctx->n_choices; i++) {
+        ctx->choices[i].index = i;
+        ngx_http_maskserve_choice_reset(&ctx->choices[i]);
+    }
 
     ctx->buf_size = ctx->stream ? NGX_HTTP_MASKSERVE_STREAM_BUF
                                 : NGX_HTTP_MASKSERVE_BODY_BUF;
     ctx->pending = 0;
     ctx->in_flight = 0;
+
+    return NGX_OK;
 }
 
 
@@ -62,7 +104,9 @@ ngx_int_t
 ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
     const struct msv_row *w)
 {
-    char  *p;
+    char                         *p;
+    ngx_int_t                     rc;
+    ngx_http_maskserve_choice_t  *ch;
 
     if (w->token < 0) {
         /* an abort row carries nothing */
@@ -77,25 +121,25 @@ ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
                                            "(%uD bytes)", w->bytes);
     }
 
+    ch = &ctx->choices[0];
+
     /* token_ids */
 
-    if (ngx_http_maskserve_room(ctx, &ctx->ids, MSV_ID_ROOM) != NGX_OK) {
+    if (ngx_http_maskserve_room(ctx, &ch->ids, MSV_ID_ROOM) != NGX_OK) {
         goto nomem;
     }
 
-    p = (char *) ctx->ids.buf->last;
-    if (ctx->ids.count++) {
+    p = (char *) ch->ids.buf->last;
+    if (ch->ids.count++) {
         *p++ = ',';
     }
 
     p = msv_fmt_i32(p, w->token);
-    ctx->ids.bytes += p - (char *) ctx->ids.buf->last;
-    ctx->pending += p - (char *) ctx->ids.buf->last;
-    ctx->ids.buf->last = (u_char *) p;
+    ch->ids.bytes += p - (char *) ch->ids.buf->last;
+    ctx->pending += p - (char *) ch->ids.buf->last;
+    ch->ids.buf->last = (u_char *) p;
 
     ctx->completion_tokens++;
-
-    /* sampling_mask and sampling_mask_logprobs */
 
     if (ctx->mode != MSV_MASK_OFF) {
 
@@ -120,67 +164,15 @@ ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
                        ctx->lcf->max_support);
         }
 
-        if (ctx->mask.count++) {
-            if (ngx_http_maskserve_sec_text(ctx, &ctx->mask, ",", 1)
-                != NGX_OK)
-            {
-                goto nomem;
-            }
-        }
-
-        if (ngx_http_maskserve_sec_array(ctx, &ctx->mask, msv_row_ids(w),
-                                         w->n_support, 0)
-            != NGX_OK)
-        {
-            goto nomem;
-        }
-
         ctx->mask_entries += w->n_support;
-
-        if (ctx->mlps.count++) {
-            if (ngx_http_maskserve_sec_text(ctx, &ctx->mlps, ",", 1)
-                != NGX_OK)
-            {
-                goto nomem;
-            }
-        }
-
-        if (ctx->mode == MSV_MASK_SELECTED) {
-            if (ngx_http_maskserve_room(ctx, &ctx->mlps, MSV_F32_ROOM)
-                != NGX_OK)
-            {
-                goto nomem;
-            }
-
-            p = msv_fmt_f32((char *) ctx->mlps.buf->last, msv_row_lps(w)[0]);
-            ctx->mlps.bytes += p - (char *) ctx->mlps.buf->last;
-            ctx->pending += p - (char *) ctx->mlps.buf->last;
-            ctx->mlps.buf->last = (u_char *) p;
-
-        } else {
-            if (ngx_http_maskserve_sec_array(ctx, &ctx->mlps, msv_row_lps(w),
-                                             w->n_lps, 1)
-                != NGX_OK)
-            {
-                goto nomem;
-            }
-        }
     }
 
-    /* logprobs.content */
+    /* the mask and logprobs.content */
 
-    if (ctx->logprobs >= 0) {
-        if (ctx->lpc.count++) {
-            if (ngx_http_maskserve_sec_text(ctx, &ctx->lpc, ",", 1)
-                != NGX_OK)
-            {
-                goto nomem;
-            }
-        }
-
-        if (ngx_http_maskserve_sec_top(ctx, &ctx->lpc, w) != NGX_OK) {
-            goto nomem;
-        }
+    rc = ctx->packed ? ngx_http_maskserve_row_packed(ctx, ch, w)
+                     : ngx_http_maskserve_row_json(ctx, ch, w);
+    if (rc != NGX_OK) {
+        goto nomem;
     }
 
     /*
@@ -220,11 +212,162 @@ nomem:
 }
 
 
+/* sampling_mask, sampling_mask_logprobs, logprobs.content as JSON text */
+
+static ngx_int_t
+ngx_http_maskserve_row_json(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch, const struct msv_row *w)
+{
+    char  *p;
+
+    if (ctx->mode != MSV_MASK_OFF) {
+
+        if (ch->mask.count++) {
+            if (ngx_http_maskserve_sec_text(ctx, &ch->mask, ",", 1)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+
+        if (ngx_http_maskserve_sec_array(ctx, &ch->mask, msv_row_ids(w),
+                                         w->n_support, 0)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        if (ch->mlps.count++) {
+            if (ngx_http_maskserve_sec_text(ctx, &ch->mlps, ",", 1)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+
+        if (ctx->mode == MSV_MASK_SELECTED) {
+            if (ngx_http_maskserve_room(ctx, &ch->mlps, MSV_F32_ROOM)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            p = msv_fmt_f32((char *) ch->mlps.buf->last, msv_row_lps(w)[0]);
+            ch->mlps.bytes += p - (char *) ch->mlps.buf->last;
+            ctx->pending += p - (char *) ch->mlps.buf->last;
+            ch->mlps.buf->last = (u_char *) p;
+
+        } else {
+            if (ngx_http_maskserve_sec_array(ctx, &ch->mlps, msv_row_lps(w),
+                                             w->n_lps, 1)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    if (ctx->logprobs >= 0) {
+        if (ch->lpc.count++) {
+            if (ngx_http_maskserve_sec_text(ctx, &ch->lpc, ",", 1)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+
+        if (ngx_http_maskserve_sec_top(ctx, &ch->lpc, w) != NGX_OK) {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * The same as base64 streams: the row's ids and logprobs go from the ring
+ * into the output buffers as they are (little-endian int32 and float32).
+ */
+
+static ngx_int_t
+ngx_http_maskserve_row_packed(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch, const struct msv_row *w)
+{
+    int32_t                len;
+    uint32_t               i;
+    const struct msv_top  *top;
+
+    if (ctx->mode != MSV_MASK_OFF) {
+        len = (int32_t) w->n_support;
+
+        ch->mlen.count++;
+        ch->mask.count++;
+        ch->mlps.count++;
+
+        if (ngx_http_maskserve_sec_b64(ctx, &ch->mlen, &len, 4) != NGX_OK
+            || ngx_http_maskserve_sec_b64(ctx, &ch->mask, msv_row_ids(w),
+                                          4 * (size_t) w->n_support)
+               != NGX_OK
+            || ngx_http_maskserve_sec_b64(ctx, &ch->mlps, msv_row_lps(w),
+                                          4 * (size_t) w->n_lps)
+               != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    if (ctx->logprobs >= 0) {
+        len = (int32_t) w->n_top;
+
+        ch->lpc.count++;
+        ch->tlen.count++;
+
+        if (ngx_http_maskserve_sec_b64(ctx, &ch->lpc, &w->logprob, 4)
+            != NGX_OK
+            || ngx_http_maskserve_sec_b64(ctx, &ch->tlen, &len, 4) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        top = msv_row_top(w);
+
+        for (i = 0; i < w->n_top; i++) {
+            ch->tids.count++;
+            ch->tlps.count++;
+
+            if (ngx_http_maskserve_sec_b64(ctx, &ch->tids, &top[i].id, 4)
+                != NGX_OK
+                || ngx_http_maskserve_sec_b64(ctx, &ch->tlps, &top[i].lp, 4)
+                   != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    return NGX_OK;
+}
+
+
 ngx_int_t
 ngx_http_maskserve_output_pending(ngx_http_maskserve_ctx_t *ctx)
 {
-    return ctx->ids.count || ctx->mask.count || ctx->mlps.count
-           || ctx->lpc.count;
+    ngx_uint_t                    i;
+    ngx_http_maskserve_choice_t  *ch;
+
+    for (i = 0; i < ctx->n_choices; i++) {
+        ch = &ctx->choices[i];
+
+        /* every row adds to ids; the others follow it */
+        if (ch->ids.count || ch->mask.count || ch->mlps.count
+            || ch->lpc.count)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 
@@ -241,10 +384,8 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
 {
     u_char       *p;
     ngx_buf_t    *b;
+    ngx_uint_t    i;
     ngx_chain_t  *out, **ll, *cl;
-
-    static const char  *finish[] = { "null", "\"stop\"", "\"length\"",
-                                     "\"abort\"" };
 
     out = NULL;
     ll = &out;
@@ -273,68 +414,21 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
         p = (u_char *) msv_fmt_u64((char *) p, ctx->seed);
     }
 
-    p = ngx_cpymem(p, ",\"choices\":[{\"index\":0,\"token_ids\":[",
-                   sizeof(",\"choices\":[{\"index\":0,\"token_ids\":[") - 1);
+    p = ngx_cpymem(p, ",\"choices\":[", sizeof(",\"choices\":[") - 1);
     b->last = p;
 
     *ll = cl;
     ll = &cl->next;
 
-    /* token_ids, then the mask and the logprobs when asked */
+    for (i = 0; i < ctx->n_choices; i++) {
+        if (i && ngx_http_maskserve_glue(ctx, &ll, ",", 1) != NGX_OK) {
+            return NULL;
+        }
 
-    if (ctx->ids.first) {
-        *ll = ctx->ids.first;
-        ll = ctx->ids.last;
-    }
-
-    if (ctx->mode != MSV_MASK_OFF) {
-        if (ngx_http_maskserve_glue(ctx, &ll, "],\"sampling_mask\":[",
-                                    sizeof("],\"sampling_mask\":[") - 1)
+        if (ngx_http_maskserve_compose_choice(ctx, &ctx->choices[i], final,
+                                              &ll)
             != NGX_OK)
         {
-            return NULL;
-        }
-
-        if (ctx->mask.first) {
-            *ll = ctx->mask.first;
-            ll = ctx->mask.last;
-        }
-
-        if (ngx_http_maskserve_glue(ctx, &ll,
-                                    "],\"sampling_mask_logprobs\":[",
-                                    sizeof("],\"sampling_mask_logprobs\":[")
-                                    - 1)
-            != NGX_OK)
-        {
-            return NULL;
-        }
-
-        if (ctx->mlps.first) {
-            *ll = ctx->mlps.first;
-            ll = ctx->mlps.last;
-        }
-    }
-
-    if (ctx->logprobs >= 0) {
-        if (ngx_http_maskserve_glue(ctx, &ll, "],\"logprobs\":{\"content\":[",
-                                    sizeof("],\"logprobs\":{\"content\":[")
-                                    - 1)
-            != NGX_OK)
-        {
-            return NULL;
-        }
-
-        if (ctx->lpc.first) {
-            *ll = ctx->lpc.first;
-            ll = ctx->lpc.last;
-        }
-
-        if (ngx_http_maskserve_glue(ctx, &ll, "]}", 2) != NGX_OK) {
-            return NULL;
-        }
-
-    } else {
-        if (ngx_http_maskserve_glue(ctx, &ll, "]", 1) != NGX_OK) {
             return NULL;
         }
     }
@@ -349,10 +443,7 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     b = cl->buf;
     p = b->last;
 
-    p = ngx_cpymem(p, ",\"finish_reason\":", 17);
-    p = (u_char *) ngx_cpystrn(p, (u_char *) finish[final ? ctx->finish : 0],
-                               16);
-    p = ngx_cpymem(p, "}]", 2);
+    *p++ = ']';
 
     if (final) {
         p = ngx_cpymem(p, ",\"usage\":{\"prompt_tokens\":",
@@ -380,10 +471,10 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
 
     /* the sections now belong to the chain */
 
-    ngx_http_maskserve_sec_reset(&ctx->ids);
-    ngx_http_maskserve_sec_reset(&ctx->mask);
-    ngx_http_maskserve_sec_reset(&ctx->mlps);
-    ngx_http_maskserve_sec_reset(&ctx->lpc);
+    for (i = 0; i < ctx->n_choices; i++) {
+        ngx_http_maskserve_choice_reset(&ctx->choices[i]);
+    }
+
     ctx->pending = 0;
 
     *len = 0;
@@ -392,6 +483,129 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     }
 
     return out;
+}
+
+
+/*
+ * One element of "choices": its sections between glue.  JSON:
+ *   {"index":0,"token_ids":[..],"sampling_mask":[..],
+ *    "sampling_mask_logprobs":[..],"logprobs":{"content":[..]},
+ *    "finish_reason":..}
+ * packed:
+ *   {"index":0,"token_ids":[..],"sampling_mask_packed":{"format":"..",
+ *    "lengths":"..","ids":"..","logprobs":".."},"logprobs_packed":{
+ *    "format":"..","token_logprobs":"..","lengths":"..","ids":"..",
+ *    "logprobs":".."},"finish_reason":..}
+ */
+
+static ngx_int_t
+ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch, ngx_uint_t final, ngx_chain_t ***ll)
+{
+    u_char       *p;
+    const char   *close;
+    ngx_chain_t  *cl;
+
+    static const char  *finish[] = { "null", "\"stop\"", "\"length\"",
+                                     "\"abort\"" };
+
+    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_cpymem(cl->buf->last, "{\"index\":", 9);
+    p = (u_char *) msv_fmt_u64((char *) p, ch->index);
+    p = ngx_cpymem(p, ",\"token_ids\":[", 14);
+    cl->buf->last = p;
+
+    **ll = cl;
+    *ll = &cl->next;
+
+    if (ngx_http_maskserve_link(ctx, ll, &ch->ids) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    close = "]";
+
+    if (ctx->mode != MSV_MASK_OFF && ctx->packed) {
+        if (ngx_http_maskserve_glue2(ctx, ll, close,
+                ",\"sampling_mask_packed\":{\"format\":\"" MSV_PACKED_FORMAT
+                "\",\"lengths\":\"") != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->mlen) != NGX_OK
+            || ngx_http_maskserve_glue2(ctx, ll, "\",\"ids\":\"", "")
+               != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->mask) != NGX_OK
+            || ngx_http_maskserve_glue2(ctx, ll, "\",\"logprobs\":\"", "")
+               != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->mlps) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        close = "\"}";
+
+    } else if (ctx->mode != MSV_MASK_OFF) {
+        if (ngx_http_maskserve_glue2(ctx, ll, close, ",\"sampling_mask\":[")
+            != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->mask) != NGX_OK
+            || ngx_http_maskserve_glue2(ctx, ll, "],",
+                                        "\"sampling_mask_logprobs\":[")
+               != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->mlps) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    if (ctx->logprobs >= 0 && ctx->packed) {
+        if (ngx_http_maskserve_glue2(ctx, ll, close,
+                ",\"logprobs_packed\":{\"format\":\"" MSV_PACKED_FORMAT
+                "\",\"token_logprobs\":\"") != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->lpc) != NGX_OK
+            || ngx_http_maskserve_glue2(ctx, ll, "\",\"lengths\":\"", "")
+               != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->tlen) != NGX_OK
+            || ngx_http_maskserve_glue2(ctx, ll, "\",\"ids\":\"", "")
+               != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->tids) != NGX_OK
+            || ngx_http_maskserve_glue2(ctx, ll, "\",\"logprobs\":\"", "")
+               != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->tlps) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        close = "\"}";
+
+    } else if (ctx->logprobs >= 0) {
+        if (ngx_http_maskserve_glue2(ctx, ll, close,
+                                     ",\"logprobs\":{\"content\":[")
+            != NGX_OK
+            || ngx_http_maskserve_link(ctx, ll, &ch->lpc) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        close = "]}";
+    }
+
+    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = (u_char *) ngx_cpystrn(cl->buf->last, (u_char *) close, 4);
+    p = ngx_cpymem(p, ",\"finish_reason\":", 17);
+    p = (u_char *) ngx_cpystrn(p, (u_char *) finish[final ? ctx->finish : 0],
+                               16);
+    *p++ = '}';
+    cl->buf->last = p;
+
+    **ll = cl;
+    *ll = &cl->next;
+
+    return NGX_OK;
 }
 
 
@@ -672,6 +886,44 @@ ngx_http_maskserve_sec_top(ngx_http_maskserve_ctx_t *ctx,
 }
 
 
+/*
+ * Base64 of n more bytes into a section, filling each buffer to its end:
+ * a 1000-id row is larger than a stream buffer.
+ */
+
+static ngx_int_t
+ngx_http_maskserve_sec_b64(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const void *src, size_t n)
+{
+    char          *p, *start;
+    size_t         k;
+    const u_char  *s;
+
+    s = src;
+
+    while (n) {
+        /* 8 characters: a group completed from the carry and one more */
+        if (ngx_http_maskserve_room(ctx, sec, 8) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        k = ngx_min(n, msv_b64_fits(sec->buf->end - sec->buf->last));
+
+        start = (char *) sec->buf->last;
+        p = msv_b64_put(&sec->b64, start, s, k);
+
+        sec->buf->last = (u_char *) p;
+        sec->bytes += p - start;
+        ctx->pending += p - start;
+
+        s += k;
+        n -= k;
+    }
+
+    return NGX_OK;
+}
+
+
 static void
 ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec)
 {
@@ -680,6 +932,49 @@ ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec)
     sec->buf = NULL;
     sec->bytes = 0;
     sec->count = 0;
+    msv_b64_init(&sec->b64);
+}
+
+
+static void
+ngx_http_maskserve_choice_reset(ngx_http_maskserve_choice_t *ch)
+{
+    ngx_http_maskserve_sec_reset(&ch->ids);
+    ngx_http_maskserve_sec_reset(&ch->mask);
+    ngx_http_maskserve_sec_reset(&ch->mlps);
+    ngx_http_maskserve_sec_reset(&ch->lpc);
+    ngx_http_maskserve_sec_reset(&ch->mlen);
+    ngx_http_maskserve_sec_reset(&ch->tlen);
+    ngx_http_maskserve_sec_reset(&ch->tids);
+    ngx_http_maskserve_sec_reset(&ch->tlps);
+}
+
+
+/* Close a section's base64 string, if it has one open, and link it. */
+
+static ngx_int_t
+ngx_http_maskserve_link(ngx_http_maskserve_ctx_t *ctx, ngx_chain_t ***ll,
+    ngx_http_maskserve_sec_t *sec)
+{
+    char  *p;
+
+    if (sec->b64.n) {
+        if (ngx_http_maskserve_room(ctx, sec, 4) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        p = msv_b64_end(&sec->b64, (char *) sec->buf->last);
+        sec->bytes += p - (char *) sec->buf->last;
+        ctx->pending += p - (char *) sec->buf->last;
+        sec->buf->last = (u_char *) p;
+    }
+
+    if (sec->first) {
+        **ll = sec->first;
+        *ll = sec->last;
+    }
+
+    return NGX_OK;
 }
 
 
@@ -695,6 +990,29 @@ ngx_http_maskserve_glue(ngx_http_maskserve_ctx_t *ctx, ngx_chain_t ***ll,
     }
 
     cl->buf->last = ngx_cpymem(cl->buf->last, s, n);
+
+    **ll = cl;
+    *ll = &cl->next;
+
+    return NGX_OK;
+}
+
+
+/* Glue of two static strings, the end of one part and the next's key. */
+
+static ngx_int_t
+ngx_http_maskserve_glue2(ngx_http_maskserve_ctx_t *ctx, ngx_chain_t ***ll,
+    const char *a, const char *b)
+{
+    ngx_chain_t  *cl;
+
+    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf->last = ngx_cpymem(cl->buf->last, a, ngx_strlen(a));
+    cl->buf->last = ngx_cpymem(cl->buf->last, b, ngx_strlen(b));
 
     **ll = cl;
     *ll = &cl->next;

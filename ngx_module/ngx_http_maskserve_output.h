@@ -3,10 +3,11 @@
  * buffers, and the assembly of those buffers into a response body or a
  * stream event.
  *
- * A request keeps four sections, each a chain of buffers: the token ids,
- * the mask rows, the mask logprobs and the logprobs content.  Every row is
- * appended to them as it is consumed (numbers written by msv_json, no
- * intermediate objects).  A stream event or the final body links the
+ * A request keeps, for each choice, sections that are chains of buffers:
+ * the token ids, the mask rows, the mask logprobs and the logprobs content
+ * (and, packed, the row lengths and the top entries' parts).  Every row is
+ * appended to them as it is consumed (numbers written by msv_json, or
+ * base64 by msv_b64; no intermediate objects).  A stream event or the final body links the
  * sections between small pieces of glue, without copying them.
  */
 
@@ -21,8 +22,11 @@
 #include "ngx_http_maskserve_module.h"
 
 
-/* Prepare the sections (empty) of a new request. */
-void ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx);
+/*
+ * Prepare the choices and their sections (empty) of a new request:
+ * NGX_OK, or NGX_ERROR when out of memory.
+ */
+ngx_int_t ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx);
 
 /*
  * Append a row to the sections.  NGX_ERROR when the request must fail

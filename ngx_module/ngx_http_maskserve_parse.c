@@ -54,6 +54,7 @@ typedef enum {
     MSV_K_STREAM,
     MSV_K_RETURN_MASK,
     MSV_K_MODE,
+    MSV_K_MASK_FORMAT,
     MSV_K_PARAM         /* a field of sampling_params: ps->rule */
 } ngx_http_maskserve_key_e;
 
@@ -187,6 +188,7 @@ static ngx_http_maskserve_field_t  ngx_http_maskserve_root_fields[] = {
       "return_sampling_mask" },
     { ngx_string("sampling_logprobs_mode"), MSV_K_MODE,
       "sampling_logprobs_mode" },
+    { ngx_string("mask_format"), MSV_K_MASK_FORMAT, "mask_format" },
     { ngx_null_string, 0, NULL }
 };
 
@@ -1123,6 +1125,26 @@ ngx_http_maskserve_root_value(ngx_http_maskserve_ps_t *ps,
         }
 
         return 1;
+
+    case MSV_K_MASK_FORMAT:
+        if (type == MSV_V_NULL) {
+            return 1;
+        }
+
+        if (type == MSV_V_STRING) {
+            if (len == 4 && ngx_strncmp(s, "json", 4) == 0) {
+                g->packed = 0;
+                return 1;
+            }
+
+            if (len == 6 && ngx_strncmp(s, "packed", 6) == 0) {
+                g->packed = 1;
+                return 1;
+            }
+        }
+
+        return ngx_http_maskserve_fail(ps, f->param, "mask_format must be "
+                                       "\"json\" or \"packed\"");
 
     default: /* MSV_K_MODE */
         if (type == MSV_V_NULL) {

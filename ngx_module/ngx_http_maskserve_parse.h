@@ -29,6 +29,7 @@ typedef struct {
     struct msv_params    params;         /* mask_mode and logprobs set */
     struct msv_bias     *bias;           /* params.n_bias entries */
     unsigned             stream:1;
+    unsigned             packed:1;       /* mask_format "packed" */
     unsigned             prompt_set:1;
 } ngx_http_maskserve_gen_t;
 

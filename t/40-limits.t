@@ -3,8 +3,9 @@
 # cut off at maskserve_output_limit with an explicit error while other
 # requests go on; maskserve_max_support refuses top_k above the cap and
 # aborts a request whose realized support is wider; a non-streaming answer
-# larger than the output limit is refused; "maskserve_stream_flush
-# interval" coalesces steps into fewer events.
+# larger than the output limit is refused (the two limits with masks as
+# JSON and packed); "maskserve_stream_flush interval" coalesces steps into
+# fewer events.
 
 use strict;
 use warnings;
@@ -45,15 +46,16 @@ sub post_to {
     return $t->post($path, $req);
 }
 
-# --- a client that does not read
-{
+# --- a client that does not read (masks as JSON, then packed)
+for my $fmt ('json', 'packed') {
     socket(my $s, PF_INET, SOCK_STREAM, 0) or die "socket: $!";
     setsockopt($s, SOL_SOCKET, SO_RCVBUF, pack('i', 4096)) or die "rcvbuf: $!";
     connect($s, pack_sockaddr_in($t->{port}, inet_aton('127.0.0.1')))
         or die "connect: $!";
     my $body = JSON::PP->new->encode({
-        request_id => 'slow-1', token_ids => [1, 2, 3], stream => $true,
+        request_id => "slow-$fmt", token_ids => [1, 2, 3], stream => $true,
         return_sampling_mask => $true, sampling_logprobs_mode => 'support',
+        mask_format => $fmt,
         sampling_params => { max_tokens => 3000, ignore_eos => $true } });
     syswrite($s, "POST /small-out/generate HTTP/1.1\r\nHost: x\r\n"
                  . "Content-Type: application/json\r\nContent-Length: "
@@ -61,8 +63,8 @@ sub post_to {
 
     # full-vocabulary support rows are ~60 KB each: the limit is hit soon
     ok(MsvTest::wait_for(sub {
-        $t->error_log =~ /request "slow-1" failed after \d+ tokens: the client reads too slowly/
-    }, 10), 'the slow client is cut off at the output limit');
+        $t->error_log =~ /request "slow-$fmt" failed after \d+ tokens: the client reads too slowly/
+    }, 10), "$fmt: the slow client is cut off at the output limit");
     ok(MsvTest::wait_for(sub { in_use() == 0 }, 5), 'its slot is freed');
 
     # others are not held up meanwhile
@@ -91,12 +93,12 @@ sub post_to {
 }
 
 # --- a non-streaming answer above the output limit
-{
+for my $fmt ('json', 'packed') {
     my $r = post_to('/small-out/generate', {
         token_ids => [1, 2, 3], return_sampling_mask => $true,
-        sampling_logprobs_mode => 'support',
+        sampling_logprobs_mode => 'support', mask_format => $fmt,
         sampling_params => { max_tokens => 100, ignore_eos => $true } });
-    is($r->{status}, 400, 'non-stream answer above the output limit: 400');
+    is($r->{status}, 400, "$fmt: non-stream answer above the output limit: 400");
     is($r->{json}{error}{param}, 'sampling_params.max_tokens', '... naming max_tokens');
     like($r->{json}{error}{message}, qr/maskserve_output_limit/, '... and the limit');
 }

@@ -1,9 +1,13 @@
 #!/bin/sh
 # Install the Debian packages maskserve builds and tests with, when missing.
+# (python3-*: the client in client/ and its tests, t/50-client.t; torch
+# for the replay helper's torch path.)
 set -e
 
 pkgs="build-essential nginx nginx-dev libhiredis-dev libyajl-dev redis-server
-      curl wrk perl libjson-pp-perl"
+      curl wrk perl libjson-pp-perl
+      python3 python3-numpy python3-pip python3-setuptools python3-wheel
+      python3-torch"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \

@@ -1,0 +1,971 @@
+/*
+ * check.c: the e2e load client's response checker (see check.h).
+ *
+ * The parser is a stack of frames (the document, choices, a choice,
+ * usage, error, token_ids, the mask and its rows, the logprobs and their
+ * rows, the packed mask) with the pending key of each map; values of
+ * keys it does not know are skipped whatever their shape.  Numbers are
+ * converted by hand (msv_parse_num) and a support row's logsumexp is
+ * kept running, so a row is never stored twice.
+ */
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <yajl/yajl_parse.h>
+
+#include "msv_b64.h"
+#include "check.h"
+
+
+const char  *msv_mode_names[MSV_N_MODES] = {
+    "off", "selected", "support", "selected-packed", "support-packed"
+};
+
+void
+msv_doc_reset(msv_doc_t *d)
+{
+    d->depth = 0;
+    d->skip_depth = 0;
+    d->top_done = 0;
+    d->is_error = 0;
+    d->error[0] = '\0';
+    d->n_choices = 0;
+    d->tokens.n = 0;
+    d->has_mask = 0;
+    d->has_mlps = 0;
+    d->has_packed = 0;
+    d->row_ids.n = 0;
+    d->row_off.n = 0;
+    d->mlps_num = 0;
+    d->mlps_arr = 0;
+    d->lprow_len.n = 0;
+    d->lprow_lse.n = 0;
+    d->finish = 0;
+    d->finish_str[0] = '\0';
+    d->prompt_tokens = -1;
+    d->completion_tokens = -1;
+    d->bad[0] = '\0';
+}
+
+
+static int
+msv_doc_fail(msv_doc_t *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int
+msv_doc_fail(msv_doc_t *d, const char *fmt, ...)
+{
+    va_list  ap;
+
+    if (d->bad[0] == '\0') {
+        va_start(ap, fmt);
+        vsnprintf(d->bad, sizeof(d->bad), fmt, ap);
+        va_end(ap);
+    }
+    return 0;                       /* stops the parser */
+}
+
+
+static int
+msv_parse_int(const char *s, size_t n, long *out)
+{
+    size_t  i = 0;
+    long    v = 0;
+    int     neg = 0;
+
+    if (n > 0 && s[0] == '-') {
+        neg = 1;
+        i = 1;
+    }
+    if (i == n || n - i > 18) {
+        return -1;
+    }
+    for ( /* void */ ; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            return -1;
+        }
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = neg ? -v : v;
+    return 0;
+}
+
+
+/*
+ * A JSON number (yajl checked its syntax) as a double.  Up to 19
+ * significant digits and a decimal exponent within 10^+-22 are converted
+ * directly (within an ulp or so: plenty for the checks here, and several
+ * times faster than strtod); anything else goes through strtod.
+ */
+
+static const double  msv_pow10[] = {
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
+    1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22
+};
+
+static int
+msv_parse_num(const char *s, size_t n, double *out)
+{
+    char      buf[64], *end;
+    size_t    i = 0;
+    uint64_t  m = 0;
+    int       neg = 0, digits = 0, scale = 0, e = 0, eneg = 0;
+    double    x;
+
+    if (i < n && s[i] == '-') {
+        neg = 1;
+        i++;
+    }
+    for ( /* void */ ; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+        if (digits < 19) {
+            m = m * 10 + (uint64_t) (s[i] - '0');
+            digits += m != 0;
+        } else {
+            scale++;
+        }
+    }
+    if (i < n && s[i] == '.') {
+        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+            if (digits < 19) {
+                m = m * 10 + (uint64_t) (s[i] - '0');
+                digits += m != 0;
+                scale--;
+            }
+        }
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '-' || s[i] == '+')) {
+            eneg = s[i] == '-';
+            i++;
+        }
+        for ( /* void */ ; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+            if (e < 10000) {
+                e = e * 10 + (s[i] - '0');
+            }
+        }
+    }
+    scale += eneg ? -e : e;
+
+    if (i == n && scale >= -22 && scale <= 22) {
+        x = (double) m;
+        x = scale < 0 ? x / msv_pow10[-scale] : x * msv_pow10[scale];
+        *out = neg ? -x : x;
+        return 0;
+    }
+
+    if (n == 0 || n >= sizeof(buf)) {
+        return -1;
+    }
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    *out = strtod(buf, &end);
+    return end == buf + n ? 0 : -1;
+}
+
+
+static int msv_doc_b64(msv_doc_t *d, msv_bytes_t *b, const char *s,
+    size_t n);
+static int msv_doc_packed(msv_doc_t *d);
+static int msv_doc_packed_lps(msv_doc_t *d, int mode);
+
+
+/* Where a scalar or a container lands: the frame on top and, for maps,
+ * the pending key.  Containers: returns the kind of the new frame. */
+
+static msv_frame_t *
+msv_doc_top(msv_doc_t *d)
+{
+    return d->depth > 0 ? &d->stack[d->depth - 1] : NULL;
+}
+
+
+static int
+msv_doc_push(msv_doc_t *d, msv_frame_kind_t kind)
+{
+    if (kind == MSV_F_SKIP && d->depth > 0
+        && d->stack[d->depth - 1].kind == MSV_F_SKIP)
+    {
+        d->skip_depth++;
+        return 1;
+    }
+    if (d->depth == MSV_CHECK_MAX_DEPTH) {
+        return msv_doc_fail(d, "JSON nested too deep");
+    }
+    d->stack[d->depth].kind = kind;
+    d->stack[d->depth].key = MSV_K_NONE;
+    d->stack[d->depth].seen = 0;
+    d->depth++;
+    return 1;
+}
+
+
+static int
+msv_doc_pop(msv_doc_t *d)
+{
+    msv_frame_t  *f;
+    double        lse;
+
+    f = msv_doc_top(d);
+    if (f == NULL) {
+        return msv_doc_fail(d, "unbalanced JSON");
+    }
+    if (f->kind == MSV_F_SKIP && d->skip_depth > 0) {
+        d->skip_depth--;
+        return 1;
+    }
+
+    switch (f->kind) {
+
+    case MSV_F_LPROW:
+        lse = d->lp_n ? d->lp_max + log(d->lp_sum) : 0.0;
+        msv_i32s_push(&d->lprow_len, d->lp_n);
+        msv_f64s_push(&d->lprow_lse, lse);
+        break;
+
+    case MSV_F_TOP:
+        d->top_done = 1;
+        break;
+
+    case MSV_F_PACKED:
+        if (f->seen != (1u << MSV_K_PFORMAT | 1u << MSV_K_PLENGTHS
+                        | 1u << MSV_K_PIDS | 1u << MSV_K_PLPS))
+        {
+            return msv_doc_fail(d, "sampling_mask_packed: a key is "
+                                "missing");
+        }
+        if (msv_doc_packed(d) == 0) {
+            return 0;
+        }
+        break;
+
+    default:
+        break;
+    }
+
+    d->depth--;
+    return 1;
+}
+
+
+/* A base64 string of sampling_mask_packed, decoded (strictly). */
+
+static int
+msv_doc_b64(msv_doc_t *d, msv_bytes_t *b, const char *s, size_t n)
+{
+    long  got;
+
+    if (n / 4 * 3 + 1 > b->cap) {
+        b->p = msv_grow(b->p, &b->cap, n / 4 * 3 + 1, 1);
+    }
+    got = msv_b64_decode(s, n, b->p);
+    if (got < 0 || got % 4) {
+        return msv_doc_fail(d, "sampling_mask_packed: %s base64 (%zu "
+                            "characters)", got < 0 ? "invalid"
+                            : "not whole 4-byte values in", n);
+    }
+    b->n = (size_t) got;
+    return 1;
+}
+
+
+/*
+ * The packed mask, decoded, into the fields the JSON parser fills (rows
+ * and their ids; the logprobs once the mode is known, msv_doc_packed_lps),
+ * so that msv_doc_check runs the same checks on both.
+ */
+
+static int
+msv_doc_packed(msv_doc_t *d)
+{
+    size_t   t, i, n, total, start;
+    int32_t  len, id, prev;
+
+    n = d->pk[0].n / 4;
+    total = 0;
+
+    for (t = 0; t < n; t++) {
+        memcpy(&len, d->pk[0].p + 4 * t, 4);
+        if (len <= 0) {
+            return msv_doc_fail(d, "sampling_mask_packed: row %zu has "
+                                "length %d", t, (int) len);
+        }
+        total += (size_t) len;
+    }
+    if (d->pk[1].n / 4 != total) {
+        return msv_doc_fail(d, "sampling_mask_packed: %zu ids, the lengths "
+                            "add up to %zu", d->pk[1].n / 4, total);
+    }
+
+    start = 0;
+    for (t = 0; t < n; t++) {
+        memcpy(&len, d->pk[0].p + 4 * t, 4);
+        msv_i32s_push(&d->row_off, (int32_t) d->row_ids.n);
+        prev = -1;
+        for (i = start; i < start + (size_t) len; i++) {
+            memcpy(&id, d->pk[1].p + 4 * i, 4);
+            if (id < 0 || id <= prev) {
+                return msv_doc_fail(d, "sampling_mask_packed: row %zu: ids "
+                                    "not ascending and unique", t);
+            }
+            prev = id;
+            msv_i32s_push(&d->row_ids, id);
+        }
+        start += (size_t) len;
+    }
+
+    d->has_packed = 1;
+    d->has_mask = 1;
+    d->has_mlps = 1;
+    return 1;
+}
+
+
+/*
+ * The packed logprobs, read as the request's mode says (one per token
+ * or one per id), into mlps_num or each support row's logsumexp.
+ * Returns 0 or -1 with d->bad set.
+ */
+
+static int
+msv_doc_packed_lps(msv_doc_t *d, int mode)
+{
+    size_t   t, i, n, total, start, len;
+    float    x;
+    double   m, sum;
+
+    n = d->row_off.n;
+    total = d->row_ids.n;
+
+    if (d->pk[2].n / 4 != (mode == MSV_MODE_SELECTED ? n : total)) {
+        snprintf(d->bad, sizeof(d->bad), "sampling_mask_packed: %zu "
+                 "logprobs in %s mode for %zu tokens and %zu ids",
+                 d->pk[2].n / 4, msv_mode_names[mode], n, total);
+        return -1;
+    }
+
+    for (i = 0; i < d->pk[2].n / 4; i++) {
+        memcpy(&x, d->pk[2].p + 4 * i, 4);
+        if (!(x <= 1e-6f)) {
+            snprintf(d->bad, sizeof(d->bad), "sampling_mask_packed: a "
+                     "logprob above 0");
+            return -1;
+        }
+    }
+
+    if (mode == MSV_MODE_SELECTED) {
+        d->mlps_num = (long) n;
+        return 0;
+    }
+
+    for (t = 0; t < n; t++) {
+        start = (size_t) d->row_off.v[t];
+        len = (t + 1 < n ? (size_t) d->row_off.v[t + 1] : total) - start;
+        m = -INFINITY;
+        for (i = start; i < start + len; i++) {
+            memcpy(&x, d->pk[2].p + 4 * i, 4);
+            m = x > m ? x : m;
+        }
+        sum = 0;
+        for (i = start; i < start + len; i++) {
+            memcpy(&x, d->pk[2].p + 4 * i, 4);
+            sum += exp((double) x - m);
+        }
+        msv_i32s_push(&d->lprow_len, (int32_t) len);
+        msv_f64s_push(&d->lprow_lse, m + log(sum));
+    }
+    d->mlps_arr = (long) n;
+    return 0;
+}
+
+
+static int
+msv_cb_key(void *ctx, const unsigned char *k, size_t n)
+{
+    msv_doc_t    *d = ctx;
+    msv_frame_t  *f = msv_doc_top(d);
+    int           key = MSV_K_OTHER;
+
+#define MSV_IS(s)  (n == sizeof(s) - 1 && memcmp(k, s, n) == 0)
+
+    if (f == NULL) {
+        return msv_doc_fail(d, "key outside an object");
+    }
+
+    switch (f->kind) {
+
+    case MSV_F_TOP:
+        if (MSV_IS("request_id")) {
+            key = MSV_K_REQUEST_ID;
+        } else if (MSV_IS("seed")) {
+            key = MSV_K_SEED;
+        } else if (MSV_IS("choices")) {
+            key = MSV_K_CHOICES;
+        } else if (MSV_IS("usage")) {
+            key = MSV_K_USAGE;
+        } else if (MSV_IS("error")) {
+            key = MSV_K_ERRORK;
+        }
+        break;
+
+    case MSV_F_CHOICE:
+        if (MSV_IS("index")) {
+            key = MSV_K_INDEX;
+        } else if (MSV_IS("token_ids")) {
+            key = MSV_K_TOKEN_IDS;
+        } else if (MSV_IS("sampling_mask")) {
+            key = MSV_K_MASK;
+        } else if (MSV_IS("sampling_mask_logprobs")) {
+            key = MSV_K_MLPS;
+        } else if (MSV_IS("sampling_mask_packed")) {
+            key = MSV_K_PACKED;
+        } else if (MSV_IS("logprobs")) {
+            key = MSV_K_LOGPROBS;
+        } else if (MSV_IS("finish_reason")) {
+            key = MSV_K_FINISH;
+        }
+        break;
+
+    case MSV_F_USAGE:
+        if (MSV_IS("prompt_tokens")) {
+            key = MSV_K_PROMPT;
+        } else if (MSV_IS("completion_tokens")) {
+            key = MSV_K_COMPLETION;
+        }
+        break;
+
+    case MSV_F_ERROR:
+        if (MSV_IS("message")) {
+            key = MSV_K_MESSAGE;
+        }
+        break;
+
+    case MSV_F_PACKED:
+        if (MSV_IS("format")) {
+            key = MSV_K_PFORMAT;
+        } else if (MSV_IS("lengths")) {
+            key = MSV_K_PLENGTHS;
+        } else if (MSV_IS("ids")) {
+            key = MSV_K_PIDS;
+        } else if (MSV_IS("logprobs")) {
+            key = MSV_K_PLPS;
+        } else {
+            return msv_doc_fail(d, "sampling_mask_packed: unknown key "
+                                "\"%.*s\"", (int) n, (const char *) k);
+        }
+        break;
+
+    case MSV_F_SKIP:
+        return 1;
+
+    default:
+        return msv_doc_fail(d, "key inside an array");
+    }
+
+#undef MSV_IS
+
+    if (key != MSV_K_OTHER) {
+        if (f->seen & (1u << key)) {
+            return msv_doc_fail(d, "duplicate key \"%.*s\"", (int) n,
+                                (const char *) k);
+        }
+        f->seen |= 1u << key;
+    }
+    f->key = key;
+    return 1;
+}
+
+
+/* a scalar: 'n' number (text in s), 's' string, 'b' boolean, '0' null */
+
+static int
+msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
+{
+    msv_frame_t  *f = msv_doc_top(d);
+    long          v;
+    double        x;
+    size_t        nr;
+    int32_t       prev;
+
+    if (f == NULL) {
+        return msv_doc_fail(d, "a document that is not an object");
+    }
+
+    switch (f->kind) {
+
+    case MSV_F_SKIP:
+        return 1;
+
+    case MSV_F_TOP:
+        if (f->key == MSV_K_CHOICES || f->key == MSV_K_USAGE) {
+            return msv_doc_fail(d, "%s has the wrong type",
+                                f->key == MSV_K_CHOICES ? "choices" : "usage");
+        }
+        if (f->key == MSV_K_ERRORK) {
+            d->is_error = 1;
+            snprintf(d->error, sizeof(d->error), "%.*s",
+                     (int) (n > 200 ? 200 : n), s ? s : "");
+        }
+        return 1;
+
+    case MSV_F_CHOICE:
+        switch (f->key) {
+
+        case MSV_K_INDEX:
+            if (type != 'n' || msv_parse_int(s, n, &v) != 0 || v != 0) {
+                return msv_doc_fail(d, "choices[0].index is not 0");
+            }
+            return 1;
+
+        case MSV_K_FINISH:
+            if (type == '0') {
+                d->finish = 1;
+                return 1;
+            }
+            if (type != 's' || n == 0 || n >= sizeof(d->finish_str)) {
+                return msv_doc_fail(d, "bad finish_reason");
+            }
+            memcpy(d->finish_str, s, n);
+            d->finish_str[n] = '\0';
+            d->finish = 2;
+            return 1;
+
+        case MSV_K_LOGPROBS:
+            return 1;               /* null */
+
+        case MSV_K_TOKEN_IDS:
+        case MSV_K_MASK:
+        case MSV_K_MLPS:
+            return msv_doc_fail(d, "%s is not an array",
+                                f->key == MSV_K_TOKEN_IDS ? "token_ids"
+                                : f->key == MSV_K_MASK ? "sampling_mask"
+                                : "sampling_mask_logprobs");
+        default:
+            return 1;
+        }
+
+    case MSV_F_USAGE:
+        if (f->key == MSV_K_PROMPT || f->key == MSV_K_COMPLETION) {
+            if (type != 'n' || msv_parse_int(s, n, &v) != 0 || v < 0) {
+                return msv_doc_fail(d, "usage.%s is not a count",
+                                    f->key == MSV_K_PROMPT
+                                    ? "prompt_tokens" : "completion_tokens");
+            }
+            if (f->key == MSV_K_PROMPT) {
+                d->prompt_tokens = v;
+            } else {
+                d->completion_tokens = v;
+            }
+        }
+        return 1;
+
+    case MSV_F_ERROR:
+        if (f->key == MSV_K_MESSAGE && type == 's') {
+            snprintf(d->error, sizeof(d->error), "%.*s",
+                     (int) (n > 200 ? 200 : n), s);
+        }
+        return 1;
+
+    case MSV_F_PACKED:
+        if (type != 's') {
+            return msv_doc_fail(d, "sampling_mask_packed: a value is not a "
+                                "string");
+        }
+        if (f->key == MSV_K_PFORMAT) {
+            if (n != sizeof(MSV_PACKED_FORMAT) - 1
+                || memcmp(s, MSV_PACKED_FORMAT, n) != 0)
+            {
+                return msv_doc_fail(d, "sampling_mask_packed: format "
+                                    "\"%.*s\"", (int) (n > 40 ? 40 : n), s);
+            }
+            return 1;
+        }
+        return msv_doc_b64(d, &d->pk[f->key - MSV_K_PLENGTHS], s, n);
+
+    case MSV_F_TOKENS:
+        if (type != 'n' || msv_parse_int(s, n, &v) != 0
+            || v < 0 || v > INT32_MAX)
+        {
+            return msv_doc_fail(d, "token_ids: not a token id");
+        }
+        msv_i32s_push(&d->tokens, (int32_t) v);
+        return 1;
+
+    case MSV_F_ROW:
+        if (type != 'n' || msv_parse_int(s, n, &v) != 0
+            || v < 0 || v > INT32_MAX)
+        {
+            return msv_doc_fail(d, "sampling_mask: not a token id");
+        }
+        nr = d->row_off.n;
+        if (d->row_ids.n > (size_t) d->row_off.v[nr - 1]) {
+            prev = d->row_ids.v[d->row_ids.n - 1];
+            if ((int32_t) v <= prev) {
+                return msv_doc_fail(d, "sampling_mask: row ids not "
+                                    "ascending and unique");
+            }
+        }
+        msv_i32s_push(&d->row_ids, (int32_t) v);
+        return 1;
+
+    case MSV_F_MLPS:
+        if (type != 'n' || msv_parse_num(s, n, &x) != 0) {
+            return msv_doc_fail(d, "sampling_mask_logprobs: not a "
+                                "number");
+        }
+        if (!(x <= 1e-6)) {
+            return msv_doc_fail(d, "sampling_mask_logprobs: a selected "
+                                "logprob above 0");
+        }
+        d->mlps_num++;
+        return 1;
+
+    case MSV_F_LPROW:
+        if (type != 'n' || msv_parse_num(s, n, &x) != 0) {
+            return msv_doc_fail(d, "sampling_mask_logprobs: not a "
+                                "number");
+        }
+        if (!(x <= 1e-6)) {
+            return msv_doc_fail(d, "sampling_mask_logprobs: a support "
+                                "logprob above 0");
+        }
+        /* running logsumexp */
+        if (d->lp_n == 0) {
+            d->lp_max = x;
+            d->lp_sum = 1.0;
+        } else if (x > d->lp_max) {
+            d->lp_sum = d->lp_sum * exp(d->lp_max - x) + 1.0;
+            d->lp_max = x;
+        } else {
+            d->lp_sum += exp(x - d->lp_max);
+        }
+        d->lp_n++;
+        return 1;
+
+    case MSV_F_CHOICES:
+        return msv_doc_fail(d, "choices: an element is not an object");
+
+    case MSV_F_MASK:
+        return msv_doc_fail(d, "sampling_mask: a row is not an array");
+    }
+
+    return 1;
+}
+
+
+static int
+msv_cb_null(void *ctx)
+{
+    return msv_doc_scalar(ctx, '0', NULL, 0);
+}
+
+
+static int
+msv_cb_bool(void *ctx, int b)
+{
+    return msv_doc_scalar(ctx, 'b', NULL, 0);
+}
+
+
+static int
+msv_cb_number(void *ctx, const char *s, size_t n)
+{
+    return msv_doc_scalar(ctx, 'n', s, n);
+}
+
+
+static int
+msv_cb_string(void *ctx, const unsigned char *s, size_t n)
+{
+    return msv_doc_scalar(ctx, 's', (const char *) s, n);
+}
+
+
+static int
+msv_cb_start_map(void *ctx)
+{
+    msv_doc_t    *d = ctx;
+    msv_frame_t  *f = msv_doc_top(d);
+
+    if (f == NULL) {
+        if (d->top_done) {
+            return msv_doc_fail(d, "two JSON documents in one");
+        }
+        return msv_doc_push(d, MSV_F_TOP);
+    }
+
+    switch (f->kind) {
+
+    case MSV_F_TOP:
+        if (f->key == MSV_K_USAGE) {
+            return msv_doc_push(d, MSV_F_USAGE);
+        }
+        if (f->key == MSV_K_ERRORK) {
+            d->is_error = 1;
+            return msv_doc_push(d, MSV_F_ERROR);
+        }
+        if (f->key == MSV_K_CHOICES) {
+            return msv_doc_fail(d, "choices is not an array");
+        }
+        return msv_doc_push(d, MSV_F_SKIP);
+
+    case MSV_F_CHOICES:
+        d->n_choices++;
+        return msv_doc_push(d, MSV_F_CHOICE);
+
+    case MSV_F_CHOICE:
+        if (f->key == MSV_K_PACKED) {
+            return msv_doc_push(d, MSV_F_PACKED);
+        }
+        if (f->key == MSV_K_TOKEN_IDS || f->key == MSV_K_MASK
+            || f->key == MSV_K_MLPS || f->key == MSV_K_FINISH)
+        {
+            return msv_doc_fail(d, "choices[0]: a field has the wrong "
+                                "type");
+        }
+        return msv_doc_push(d, MSV_F_SKIP);
+
+    case MSV_F_SKIP:
+    case MSV_F_USAGE:
+    case MSV_F_ERROR:
+        return msv_doc_push(d, MSV_F_SKIP);
+
+    default:
+        return msv_doc_fail(d, "an object where numbers or rows belong");
+    }
+}
+
+
+static int
+msv_cb_start_array(void *ctx)
+{
+    msv_doc_t    *d = ctx;
+    msv_frame_t  *f = msv_doc_top(d);
+
+    if (f == NULL) {
+        return msv_doc_fail(d, "a document that is not an object");
+    }
+
+    switch (f->kind) {
+
+    case MSV_F_TOP:
+        if (f->key == MSV_K_CHOICES) {
+            return msv_doc_push(d, MSV_F_CHOICES);
+        }
+        if (f->key == MSV_K_USAGE || f->key == MSV_K_ERRORK) {
+            return msv_doc_fail(d, "usage or error is an array");
+        }
+        return msv_doc_push(d, MSV_F_SKIP);
+
+    case MSV_F_CHOICE:
+        switch (f->key) {
+        case MSV_K_TOKEN_IDS:
+            return msv_doc_push(d, MSV_F_TOKENS);
+        case MSV_K_MASK:
+            d->has_mask = 1;
+            return msv_doc_push(d, MSV_F_MASK);
+        case MSV_K_MLPS:
+            d->has_mlps = 1;
+            return msv_doc_push(d, MSV_F_MLPS);
+        case MSV_K_FINISH:
+        case MSV_K_INDEX:
+            return msv_doc_fail(d, "choices[0]: a field has the wrong "
+                                "type");
+        default:
+            return msv_doc_push(d, MSV_F_SKIP);
+        }
+
+    case MSV_F_MASK:
+        msv_i32s_push(&d->row_off, (int32_t) d->row_ids.n);
+        return msv_doc_push(d, MSV_F_ROW);
+
+    case MSV_F_MLPS:
+        d->mlps_arr++;
+        d->lp_n = 0;
+        d->lp_max = 0;
+        d->lp_sum = 0;
+        return msv_doc_push(d, MSV_F_LPROW);
+
+    case MSV_F_SKIP:
+    case MSV_F_USAGE:
+    case MSV_F_ERROR:
+        return msv_doc_push(d, MSV_F_SKIP);
+
+    default:
+        return msv_doc_fail(d, "an array where a number belongs");
+    }
+}
+
+
+static int
+msv_cb_end(void *ctx)
+{
+    return msv_doc_pop(ctx);
+}
+
+
+yajl_callbacks  msv_doc_callbacks = {
+    msv_cb_null,
+    msv_cb_bool,
+    NULL,                           /* integers and doubles come */
+    NULL,                           /* through the number callback */
+    msv_cb_number,
+    msv_cb_string,
+    msv_cb_start_map,
+    msv_cb_key,
+    msv_cb_end,
+    msv_cb_start_array,
+    msv_cb_end
+};
+
+
+/* Checks of one document against the request, once it is parsed.
+ * Returns 0 or -1 with d->bad set. */
+
+int
+msv_doc_check(msv_doc_t *d, long top_k, double temperature, int variant)
+{
+    size_t   i, r, len, lo, hi, mid, start;
+    int32_t  t;
+    int      found, mode;
+
+    mode = msv_mask_of(variant);
+
+    if (d->is_error) {
+        snprintf(d->bad, sizeof(d->bad), "error event: %.200s",
+                 d->error[0] ? d->error : "(no message)");
+        return -1;
+    }
+    if (d->n_choices != 1) {
+        snprintf(d->bad, sizeof(d->bad), "%ld choices, expected 1",
+                 d->n_choices);
+        return -1;
+    }
+    if (d->finish == 0) {
+        snprintf(d->bad, sizeof(d->bad), "no finish_reason in choices[0]");
+        return -1;
+    }
+
+    if (mode == MSV_MODE_OFF) {
+        if (d->has_mask || d->has_mlps) {
+            snprintf(d->bad, sizeof(d->bad),
+                     "sampling_mask sent although not asked for");
+            return -1;
+        }
+        return 0;
+    }
+
+    if (d->has_packed != msv_packed_of(variant)) {
+        snprintf(d->bad, sizeof(d->bad), "%s mask, %s asked",
+                 d->has_packed ? "a packed" : "a JSON",
+                 msv_packed_of(variant) ? "packed" : "JSON");
+        return -1;
+    }
+    if (!d->has_mask || !d->has_mlps) {
+        snprintf(d->bad, sizeof(d->bad), "no sampling_mask%s",
+                 d->has_mask ? "_logprobs" : "");
+        return -1;
+    }
+    if (d->has_packed && msv_doc_packed_lps(d, mode) != 0) {
+        return -1;
+    }
+    if (d->row_off.n != d->tokens.n) {
+        snprintf(d->bad, sizeof(d->bad), "%zu mask rows for %zu tokens",
+                 d->row_off.n, d->tokens.n);
+        return -1;
+    }
+    if (mode == MSV_MODE_SELECTED
+        && (d->mlps_arr != 0 || (size_t) d->mlps_num != d->tokens.n))
+    {
+        snprintf(d->bad, sizeof(d->bad), "selected logprobs: %ld numbers "
+                 "and %ld arrays for %zu tokens", d->mlps_num, d->mlps_arr,
+                 d->tokens.n);
+        return -1;
+    }
+    if (mode == MSV_MODE_SUPPORT
+        && (d->mlps_num != 0 || (size_t) d->mlps_arr != d->tokens.n))
+    {
+        snprintf(d->bad, sizeof(d->bad), "support logprobs: %ld numbers "
+                 "and %ld arrays for %zu tokens", d->mlps_num, d->mlps_arr,
+                 d->tokens.n);
+        return -1;
+    }
+
+    for (r = 0; r < d->row_off.n; r++) {
+        start = (size_t) d->row_off.v[r];
+        len = (r + 1 < d->row_off.n ? (size_t) d->row_off.v[r + 1]
+                                    : d->row_ids.n) - start;
+        if (len == 0) {
+            snprintf(d->bad, sizeof(d->bad), "mask row %zu is empty", r);
+            return -1;
+        }
+        if (top_k > 0 && len > (size_t) top_k) {
+            snprintf(d->bad, sizeof(d->bad), "mask row %zu has %zu ids, "
+                     "top_k %ld", r, len, top_k);
+            return -1;
+        }
+        if (temperature == 0 && len != 1) {
+            snprintf(d->bad, sizeof(d->bad), "greedy mask row %zu has %zu "
+                     "ids", r, len);
+            return -1;
+        }
+
+        /* the sampled token is in its row (ids ascending: bisect) */
+        t = d->tokens.v[r];
+        lo = start;
+        hi = start + len;
+        found = 0;
+        while (lo < hi) {
+            mid = lo + (hi - lo) / 2;
+            if (d->row_ids.v[mid] == t) {
+                found = 1;
+                break;
+            }
+            if (d->row_ids.v[mid] < t) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if (!found) {
+            snprintf(d->bad, sizeof(d->bad), "sampled token %d is not in "
+                     "its mask row", (int) t);
+            return -1;
+        }
+
+        if (mode == MSV_MODE_SUPPORT) {
+            i = r;
+            if ((size_t) d->lprow_len.v[i] != len) {
+                snprintf(d->bad, sizeof(d->bad), "support logprobs row %zu: "
+                         "%d values for %zu ids", r, (int) d->lprow_len.v[i],
+                         len);
+                return -1;
+            }
+            if (fabs(d->lprow_lse.v[i]) > 1e-4) {
+                snprintf(d->bad, sizeof(d->bad), "support logprobs row %zu: "
+                         "logsumexp %.3g, expected 0", r, d->lprow_lse.v[i]);
+                return -1;
+            }
+        }
+    }
+
+    return 0;
+}
+
+
+void
+msv_doc_free(msv_doc_t *d)
+{
+    free(d->tokens.v);
+    free(d->row_ids.v);
+    free(d->row_off.v);
+    free(d->lprow_len.v);
+    free(d->lprow_lse.v);
+    free(d->pk[0].p);
+    free(d->pk[1].p);
+    free(d->pk[2].p);
+}

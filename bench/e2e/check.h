@@ -1,0 +1,140 @@
+/*
+ * check.h: the response checker of the e2e load client.  One JSON
+ * document (an SSE event or a whole non-streaming body) is parsed by
+ * yajl with msv_doc_callbacks straight into an msv_doc_t, then checked
+ * against what was asked with msv_doc_check: one choice, token ids, one
+ * mask row and one logprob entry per token, rows ascending and unique,
+ * the sampled token in its row, |row| <= top_k, greedy rows of one id,
+ * selected logprobs <= 0, support rows summing to 1; packed masks
+ * (mask_format "packed") are base64-decoded and go through the same
+ * checks.  What spans events (counts, [DONE], usage) is the caller's.
+ */
+
+#ifndef MSV_E2E_CHECK_H
+#define MSV_E2E_CHECK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <yajl/yajl_parse.h>
+
+#include "array.h"
+
+
+#define MSV_CHECK_MAX_DEPTH   64
+#define MSV_CHECK_ERR_MAX     256
+
+/* a run's variant: the mask mode and, for the last two, packed */
+enum {
+    MSV_MODE_OFF = 0,
+    MSV_MODE_SELECTED,
+    MSV_MODE_SUPPORT,
+    MSV_MODE_SELECTED_PACKED,
+    MSV_MODE_SUPPORT_PACKED,
+    MSV_N_MODES
+};
+
+extern const char  *msv_mode_names[MSV_N_MODES];
+
+#define MSV_PACKED_FORMAT  "csr-i32-f32-le-v1"
+
+/* the mask mode of a variant (off, selected, support) */
+static inline int
+msv_mask_of(int v)
+{
+    return v == MSV_MODE_SELECTED_PACKED ? MSV_MODE_SELECTED
+           : v == MSV_MODE_SUPPORT_PACKED ? MSV_MODE_SUPPORT : v;
+}
+
+static inline int
+msv_packed_of(int v)
+{
+    return v >= MSV_MODE_SELECTED_PACKED;
+}
+
+
+typedef enum {
+    MSV_F_TOP = 0,          /* maps */
+    MSV_F_CHOICE,
+    MSV_F_USAGE,
+    MSV_F_ERROR,
+    MSV_F_CHOICES,          /* arrays */
+    MSV_F_TOKENS,
+    MSV_F_MASK,
+    MSV_F_ROW,
+    MSV_F_MLPS,
+    MSV_F_LPROW,
+    MSV_F_PACKED,           /* sampling_mask_packed (a map) */
+    MSV_F_SKIP              /* anything we do not look into */
+} msv_frame_kind_t;
+
+/* keys we know, per map */
+enum {
+    MSV_K_NONE = 0,
+    MSV_K_REQUEST_ID, MSV_K_SEED, MSV_K_CHOICES, MSV_K_USAGE, MSV_K_ERRORK,
+    MSV_K_INDEX, MSV_K_TOKEN_IDS, MSV_K_MASK, MSV_K_MLPS, MSV_K_LOGPROBS,
+    MSV_K_FINISH,
+    MSV_K_PROMPT, MSV_K_COMPLETION,
+    MSV_K_MESSAGE,
+    MSV_K_PACKED, MSV_K_PFORMAT, MSV_K_PLENGTHS, MSV_K_PIDS, MSV_K_PLPS,
+    MSV_K_OTHER
+};
+
+typedef struct {
+    msv_frame_kind_t  kind;
+    int               key;          /* pending key of a map */
+    uint32_t          seen;         /* keys seen in a map */
+} msv_frame_t;
+
+typedef struct {
+    /* parser state */
+    msv_frame_t   stack[MSV_CHECK_MAX_DEPTH];
+    int           depth;            /* frames in use */
+    long          skip_depth;       /* containers open below a SKIP frame */
+    int           top_done;
+
+    /* what the document said */
+    int           is_error;
+    char          error[MSV_CHECK_ERR_MAX];
+    long          n_choices;
+    msv_i32s_t    tokens;
+    int           has_mask;
+    int           has_mlps;
+    int           has_packed;       /* sampling_mask_packed, decoded */
+    msv_bytes_t   pk[3];            /* its lengths, ids, logprobs */
+    msv_i32s_t    row_ids;          /* every row, concatenated */
+    msv_i32s_t    row_off;          /* start of each row in row_ids */
+    long          mlps_num;         /* selected: one number per token */
+    long          mlps_arr;         /* support: one array per token */
+    msv_i32s_t    lprow_len;
+    msv_f64s_t    lprow_lse;
+    int32_t       lp_n;             /* current support row: count, */
+    double        lp_max;           /* running max and */
+    double        lp_sum;           /* sum of exp(lp - max) */
+    int           finish;           /* 0 absent, 1 null, 2 string */
+    char          finish_str[16];
+    long          prompt_tokens;    /* -1: absent */
+    long          completion_tokens;
+
+    /* the first problem found */
+    char          bad[MSV_CHECK_ERR_MAX];
+} msv_doc_t;
+
+
+/* yajl callbacks filling the msv_doc_t passed as their context */
+extern yajl_callbacks  msv_doc_callbacks;
+
+/* Empty the document for the next one (keeps its arrays' memory). */
+void msv_doc_reset(msv_doc_t *d);
+
+/* Free the document's arrays. */
+void msv_doc_free(msv_doc_t *d);
+
+/*
+ * Check a parsed document against the request (its top_k, temperature
+ * and variant, MSV_MODE_*).  0, or -1 with d->bad set.
+ */
+int msv_doc_check(msv_doc_t *d, long top_k, double temperature, int variant);
+
+
+#endif /* MSV_E2E_CHECK_H */

@@ -1,0 +1,206 @@
+/*
+ * test_b64.c: the streaming base64 encoder and strict decoder
+ * (ngx_module/msv_b64.c) behind the packed mask format.
+ *
+ *   - RFC 4648's test vectors;
+ *   - random data fed in random pieces (as rows arrive) against a plain
+ *     one-shot reference encoder, and the store bound of every piece;
+ *   - decoding round trips, and every kind of malformed text rejected.
+ *
+ * MSV_TEST_SEED (environment) changes the random seed.
+ */
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tap.h"
+#include "msv_b64.h"
+
+
+static uint64_t  rng_state;
+
+
+static uint64_t
+rng_next(void)
+{
+    uint64_t  z;
+
+    z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+
+/* The textbook encoder, one 6-bit group at a time. */
+
+static size_t
+ref_encode(const uint8_t *in, size_t n, char *out)
+{
+    static const char  a[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t             i, o;
+    uint32_t           g;
+
+    o = 0;
+    for (i = 0; i < n; i += 3) {
+        g = (uint32_t) in[i] << 16;
+        if (i + 1 < n) {
+            g |= (uint32_t) in[i + 1] << 8;
+        }
+        if (i + 2 < n) {
+            g |= in[i + 2];
+        }
+        out[o++] = a[g >> 18];
+        out[o++] = a[(g >> 12) & 63];
+        out[o++] = i + 1 < n ? a[(g >> 6) & 63] : '=';
+        out[o++] = i + 2 < n ? a[g & 63] : '=';
+    }
+
+    return o;
+}
+
+
+static size_t
+enc_all(const void *in, size_t n, char *out)
+{
+    char       *p;
+    msv_b64_t   s;
+
+    msv_b64_init(&s);
+    p = msv_b64_put(&s, out, in, n);
+    p = msv_b64_end(&s, p);
+
+    return p - out;
+}
+
+
+int
+main(void)
+{
+    static const char  *rfc[][2] = {
+        { "", "" }, { "f", "Zg==" }, { "fo", "Zm8=" }, { "foo", "Zm9v" },
+        { "foob", "Zm9vYg==" }, { "fooba", "Zm9vYmE=" },
+        { "foobar", "Zm9vYmFy" }
+    };
+    static const char  *bad[] = {
+        "Zg=", "Zg", "Z===", "Zg==Zg==", "Zh==", "Zm9=", "Zm=v", "Zm9v!A==",
+        "Zm9v\nA==", "====", "Zm 9"
+    };
+
+    char      *out, *ref, *p, *end;
+    long       dn;
+    size_t     i, k, n, len, piece, rlen;
+    uint8_t   *in, *back;
+    unsigned   rounds, bad_enc, bad_bound, bad_dec;
+    msv_b64_t  s;
+
+    rng_state = getenv("MSV_TEST_SEED") ? strtoull(getenv("MSV_TEST_SEED"),
+                                                   NULL, 0)
+                                        : 0x6b36340aULL;
+    tap_diag("seed %llu", (unsigned long long) rng_state);
+
+    for (i = 0; i < sizeof(rfc) / sizeof(rfc[0]); i++) {
+        char  buf[32];
+
+        n = enc_all(rfc[i][0], strlen(rfc[i][0]), buf);
+        tap_ok(n == strlen(rfc[i][1]) && memcmp(buf, rfc[i][1], n) == 0,
+               "RFC 4648 vector \"%s\" -> \"%s\"", rfc[i][0], rfc[i][1]);
+    }
+
+    in = malloc(1 << 16);
+    back = malloc(1 << 16);
+    out = malloc((1 << 16) / 3 * 4 + 64);
+    ref = malloc((1 << 16) / 3 * 4 + 64);
+
+    bad_enc = bad_bound = bad_dec = 0;
+
+    for (rounds = 0; rounds < 2000; rounds++) {
+        n = rng_next() % (rounds < 1000 ? 64 : 60000);
+
+        for (i = 0; i < n; i++) {
+            in[i] = (uint8_t) rng_next();
+        }
+
+        /* fed in random pieces, 4-byte ones most often (as the rows are) */
+        msv_b64_init(&s);
+        p = out;
+
+        for (i = 0; i < n; i += piece) {
+            switch (rng_next() % 4) {
+            case 0: piece = 4; break;
+            case 1: piece = 1 + rng_next() % 5; break;
+            case 2: piece = 4 * (1 + rng_next() % 100); break;
+            default: piece = rng_next() % 3000; break;
+            }
+
+            if (piece > n - i) {
+                piece = n - i;
+            }
+
+            end = msv_b64_put(&s, p, in + i, piece);
+            if ((size_t) (end - p) > msv_b64_put_max(piece)) {
+                bad_bound++;
+            }
+
+            p = end;
+        }
+
+        p = msv_b64_end(&s, p);
+        len = p - out;
+
+        rlen = ref_encode(in, n, ref);
+        if (len != rlen || len != msv_b64_len(n)
+            || memcmp(out, ref, len) != 0)
+        {
+            if (bad_enc++ < 3) {
+                tap_diag("round %u: %zu bytes encoded to %zu chars, "
+                         "reference %zu", rounds, n, len, rlen);
+            }
+        }
+
+        dn = msv_b64_decode(out, len, back);
+        if (dn != (long) n || memcmp(back, in, n) != 0) {
+            bad_dec++;
+        }
+    }
+
+    tap_ok(bad_enc == 0, "2000 random buffers fed in random pieces encode "
+           "as the one-shot reference (%u differ)", bad_enc);
+    tap_ok(bad_bound == 0, "no piece writes more than msv_b64_put_max (%u "
+           "did)", bad_bound);
+    tap_ok(bad_dec == 0, "every encoding decodes back to its bytes (%u "
+           "did not)", bad_dec);
+
+    /* the bound msv_b64_fits promises, whatever the carry */
+    k = 0;
+    for (i = 0; i < 3; i++) {
+        for (len = 0; len < 200; len++) {
+            char  buf[256];
+
+            msv_b64_init(&s);
+            msv_b64_put(&s, buf, in, i);
+            n = msv_b64_fits(len);
+            if ((size_t) (msv_b64_put(&s, buf, in, n) - buf) > len) {
+                k++;
+            }
+        }
+    }
+    tap_ok(k == 0, "msv_b64_fits(room) bytes never write more than room "
+           "characters");
+
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        dn = msv_b64_decode(bad[i], strlen(bad[i]), back);
+        tap_ok(dn == -1, "malformed text %zu (of length %zu) is rejected", i,
+               strlen(bad[i]));
+    }
+
+    free(in);
+    free(back);
+    free(out);
+    free(ref);
+
+    return tap_done();
+}
