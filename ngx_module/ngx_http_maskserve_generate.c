@@ -274,7 +274,8 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
                    (int) ctx->stream);
 
     ngx_http_maskserve_redis_req_update(&ctx->id, &rg->name, ctx->slot,
-                                        ctx->cookie, "admitted",
+                                        ctx->cookie,
+                                        NGX_HTTP_MASKSERVE_REQ_ADMITTED,
                                         ctx->prompt_tokens, 0, NULL);
 
     ngx_http_maskserve_stream_start(ctx);
@@ -346,7 +347,8 @@ ngx_http_maskserve_generate_cleanup(void *data)
 
         ngx_http_maskserve_redis_req_update(&ctx->id, &ctx->region->name,
                                             ctx->slot, ctx->cookie,
-                                            "aborted", ctx->prompt_tokens,
+                                            NGX_HTTP_MASKSERVE_REQ_ABORTED,
+                                            ctx->prompt_tokens,
                                             ctx->completion_tokens, "abort");
     }
 

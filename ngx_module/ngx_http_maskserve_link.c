@@ -570,7 +570,7 @@ ngx_http_maskserve_link_row(void *ud, uint64_t seq, const struct msv_row *w)
         }
 
         ngx_http_maskserve_redis_req_update(&ctx->id, &rg->name, w->slot,
-                                            w->cookie, "running",
+                                            w->cookie, NGX_HTTP_MASKSERVE_REQ_RUNNING,
                                             ctx->prompt_tokens, 0, NULL);
     }
 

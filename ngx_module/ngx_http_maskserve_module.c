@@ -277,6 +277,12 @@ ngx_http_maskserve_init_main_conf(ngx_conf_t *cf, void *conf)
         ngx_str_set(&mcf->redis.prefix, "msv");
     }
 
+    if (mcf->redis_on
+        && ngx_http_maskserve_redis_resolve(cf, &mcf->redis) != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
     if (mcf->used && mcf->regions.nelts == 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "maskserve handlers are configured but no "
