@@ -18,8 +18,10 @@
 #include "msv_region.h"
 #include "msv_slots.h"
 #include "ngx_http_maskserve_module.h"
+#include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_parse.h"
-#include "ngx_http_maskserve_link.h"
+#include "ngx_http_maskserve_attach.h"
+#include "ngx_http_maskserve_route.h"
 #include "ngx_http_maskserve_stream.h"
 #include "ngx_http_maskserve_generate.h"
 #include "ngx_http_maskserve_admin.h"
@@ -161,7 +163,7 @@ ngx_http_maskserve_abort_local(ngx_http_maskserve_main_conf_t *mcf,
     ngx_uint_t                    slot;
     ngx_http_maskserve_region_t  *rg;
 
-    if (ngx_http_maskserve_link_find(mcf, id->data, id->len, &rg, &slot,
+    if (ngx_http_maskserve_route_find(mcf, id->data, id->len, &rg, &slot,
                                      &cookie, &state)
         != NGX_OK)
     {
@@ -342,7 +344,7 @@ ngx_http_maskserve_status_local(ngx_http_request_t *r, ngx_str_t *id)
     mcf = ngx_http_get_module_main_conf(r, ngx_http_maskserve_module);
 
     if (!mcf->running
-        || ngx_http_maskserve_link_find(mcf, id->data, id->len, &rg, &slot,
+        || ngx_http_maskserve_route_find(mcf, id->data, id->len, &rg, &slot,
                                         &cookie, &state)
            != NGX_OK)
     {
@@ -460,7 +462,7 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
     for (i = 0; i < n; i++) {
         rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
 
-        if (mcf->running && ngx_http_maskserve_link_ready(rg) == NGX_OK) {
+        if (mcf->running && ngx_http_maskserve_attach_ready(rg) == NGX_OK) {
             ready++;
         }
     }
@@ -542,7 +544,7 @@ ngx_http_maskserve_health_region(u_char *p, ngx_http_maskserve_region_t *rg)
 
     p = ngx_sprintf(p, ",\"ready\":%s,\"state\":\"%s\",\"pid\":%D,"
                     "\"generation\":\"%016uxL\",\"heartbeat_age_ms\":%uL,",
-                    ngx_http_maskserve_link_ready(rg) == NGX_OK
+                    ngx_http_maskserve_attach_ready(rg) == NGX_OK
                     ? "true" : "false",
                     state < 4 ? states[state] : "unknown", c->worker_pid,
                     c->generation, age);

@@ -15,6 +15,7 @@
 #include "msv_shm.h"
 #include "msv_json.h"
 #include "ngx_http_maskserve_module.h"
+#include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_output.h"
 
 

@@ -75,8 +75,8 @@ typedef enum {
 
 /*
  * Request metadata: HSET <prefix>:req:<id> + PEXPIRE req_ttl.  finish may
- * be NULL (no finish reason yet).  The strings are copied.  t_admit is taken when
- * a request id is first seen, t_update on every call.
+ * be NULL (no finish reason yet).  The strings are copied.  t_admit is
+ * taken when a request id is first seen, t_update on every call.
  */
 void ngx_http_maskserve_redis_req_update(ngx_str_t *id, ngx_str_t *region,
     ngx_uint_t slot, uint64_t cookie, ngx_http_maskserve_req_state_e state,

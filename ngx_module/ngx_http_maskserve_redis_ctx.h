@@ -4,6 +4,7 @@
  * (ngx_http_maskserve_redis_link.c), the request map and its backlog
  * (ngx_http_maskserve_redis_store.c), and the life cycle and lookups
  * (ngx_http_maskserve_redis.c).  Nothing outside them includes it.
+ * The state itself is created and freed by ngx_http_maskserve_redis.c.
  */
 
 #ifndef NGX_HTTP_MASKSERVE_REDIS_CTX_H
@@ -20,6 +21,7 @@
 
 #include "ngx_http_maskserve_redis.h"
 #include "ngx_http_maskserve_redis_cmd.h"
+#include "ngx_http_maskserve_redis_link.h"
 
 
 #define MSV_REDIS_MAX_ENTRIES    10000   /* request ids kept per process */
@@ -40,26 +42,7 @@
 #define MSV_REDIS_REGION_MIN     64      /* region room in a new entry */
 
 
-typedef struct msv_redis_link_s   msv_redis_link_t;
 typedef struct msv_redis_entry_s  msv_redis_entry_t;
-
-
-struct msv_redis_link_s {
-    const char                       *name;     /* for the log */
-    redisAsyncContext                *ac;       /* NULL while down */
-    ngx_event_t                       reconnect;
-    ngx_event_t                       watchdog; /* reply progress */
-    ngx_event_t                       close;    /* posted from callbacks */
-    const char                       *reason;   /* why it is closed */
-    ngx_msec_t                        backoff;
-    ngx_uint_t                        pending;  /* replies owed to us */
-    ngx_uint_t                        handshake;/* handshake replies owed */
-    ngx_uint_t                        failures; /* attempts since ready */
-    ngx_uint_t                        readies;
-    unsigned                          ready:1;
-    unsigned                          closing:1;
-    unsigned                          subscriber:1;
-};
 
 
 /* the latest known state of one request id */
@@ -152,22 +135,6 @@ typedef struct {
 extern msv_redis_ctx_t  *msv_redis;
 extern void            (*msv_redis_abort_handler)(ngx_str_t *id);
 
-
-/* links (ngx_http_maskserve_redis_link.c) */
-void msv_redis_link_init(msv_redis_link_t *link, const char *name,
-    ngx_uint_t subscriber, ngx_log_t *log);
-void msv_redis_link_connect(msv_redis_link_t *link);
-void msv_redis_link_close(msv_redis_link_t *link, const char *reason);
-void msv_redis_link_fail(msv_redis_link_t *link, const char *reason);
-ngx_int_t msv_redis_link_send(msv_redis_link_t *link, redisCallbackFn *fn,
-    void *privdata, msv_redis_cmd_t *cmd);
-void msv_redis_link_replied(msv_redis_link_t *link, void *reply);
-void msv_redis_exit_flush(msv_redis_link_t *link);
-
-/* the map and the backlog (ngx_http_maskserve_redis_store.c) */
-void msv_redis_resync(msv_redis_ctx_t *ctx);
-void msv_redis_flush_handler(ngx_event_t *ev);
-void msv_redis_entry_unlink(msv_redis_ctx_t *ctx, msv_redis_entry_t *e);
 
 /* ngx_http_maskserve_redis.c */
 void msv_redis_reply_error(msv_redis_ctx_t *ctx, const char *what,

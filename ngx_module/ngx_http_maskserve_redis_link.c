@@ -17,6 +17,7 @@
 #include <hiredis/async.h>
 
 #include "ngx_http_maskserve_redis_ctx.h"
+#include "ngx_http_maskserve_redis_store.h"
 #include "ngx_http_maskserve_redis_cmd.h"
 #include "ngx_http_maskserve_redis_adapter.h"
 

@@ -18,6 +18,7 @@
 
 #include "ngx_http_maskserve_redis.h"
 #include "ngx_http_maskserve_redis_ctx.h"
+#include "ngx_http_maskserve_redis_store.h"
 #include "ngx_http_maskserve_redis_cmd.h"
 
 

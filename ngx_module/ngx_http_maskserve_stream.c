@@ -23,7 +23,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_maskserve_module.h"
-#include "ngx_http_maskserve_link.h"
+#include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_output.h"
 #include "ngx_http_maskserve_stream.h"
 #include "ngx_http_maskserve_redis.h"

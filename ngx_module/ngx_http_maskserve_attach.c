@@ -1,6 +1,6 @@
 /*
- * ngx_http_maskserve_link.c: attachments to the worker regions, per nginx
- * worker process.
+ * ngx_http_maskserve_attach.c: attachments to the worker regions, per
+ * nginx worker process.
  *
  * In init_process every configured region is attached (msv_attach); a
  * region that cannot be attached is retried from a timer every 500 ms,
@@ -16,17 +16,12 @@
  *            worker is gone: every request of the region ends with an
  *            explicit error, the region is detached and re-attached.
  *
- * Rows are matched to requests through this process's slot table (slot
- * index -> context, checked by cookie).  Each row is formatted into its
- * request's buffers during the callback (the row is not valid after it),
- * so the ring always advances whatever the clients do.  Requests whose
- * output changed are flushed once the records at hand are consumed, which
- * coalesces the steps that arrived together into one stream event (a
- * stream that gathers much output in one pass is flushed at once).
+ * Each record is handed to ngx_http_maskserve_route.c, which routes it to
+ * its request.
  *
  * A 200 ms cancelable timer writes our heartbeat into the region, checks
- * the worker's generation and polls the ring as a safety net; once a
- * second it refreshes the worker registry in Redis.
+ * the worker's generation and heartbeat and polls the ring as a safety
+ * net; once a second it refreshes the worker registry in Redis.
  */
 
 #include <ngx_config.h>
@@ -38,39 +33,36 @@
 #include "msv_slots.h"
 #include "msv_link.h"
 #include "ngx_http_maskserve_module.h"
-#include "ngx_http_maskserve_link.h"
-#include "ngx_http_maskserve_output.h"
-#include "ngx_http_maskserve_stream.h"
+#include "ngx_http_maskserve_util.h"
+#include "ngx_http_maskserve_attach.h"
+#include "ngx_http_maskserve_route.h"
 #include "ngx_http_maskserve_redis.h"
 
 
-static ngx_int_t ngx_http_maskserve_link_attach(
+static ngx_int_t ngx_http_maskserve_attach_start(
     ngx_http_maskserve_region_t *rg);
-static void ngx_http_maskserve_link_hello_handler(ngx_event_t *ev);
-static void ngx_http_maskserve_link_attach_failed(
+static void ngx_http_maskserve_attach_hello_handler(ngx_event_t *ev);
+static void ngx_http_maskserve_attach_failed(
     ngx_http_maskserve_region_t *rg, const char *err);
-static ngx_int_t ngx_http_maskserve_link_attached(
+static ngx_int_t ngx_http_maskserve_attach_done(
     ngx_http_maskserve_region_t *rg);
-static ngx_connection_t *ngx_http_maskserve_link_watch(
+static ngx_connection_t *ngx_http_maskserve_attach_watch(
     ngx_http_maskserve_region_t *rg, int fd, ngx_event_handler_pt handler);
-static void ngx_http_maskserve_link_unwatch(ngx_connection_t *c);
-static void ngx_http_maskserve_link_detach(ngx_http_maskserve_region_t *rg);
-static void ngx_http_maskserve_link_lost(ngx_http_maskserve_region_t *rg,
+static void ngx_http_maskserve_attach_unwatch(ngx_connection_t *c);
+static void ngx_http_maskserve_attach_detach(ngx_http_maskserve_region_t *rg);
+static void ngx_http_maskserve_attach_lost(ngx_http_maskserve_region_t *rg,
     const char *why);
-static void ngx_http_maskserve_link_poll(ngx_http_maskserve_region_t *rg);
-static int ngx_http_maskserve_link_row(void *ud, uint64_t seq,
-    const struct msv_row *w);
-static void ngx_http_maskserve_link_flush(ngx_http_maskserve_region_t *rg);
-static void ngx_http_maskserve_link_wake_handler(ngx_event_t *ev);
-static void ngx_http_maskserve_link_conn_handler(ngx_event_t *ev);
-static void ngx_http_maskserve_link_retry_handler(ngx_event_t *ev);
-static void ngx_http_maskserve_link_tick_handler(ngx_event_t *ev);
-static void ngx_http_maskserve_link_registry(
+static void ngx_http_maskserve_attach_poll(ngx_http_maskserve_region_t *rg);
+static void ngx_http_maskserve_attach_wake_handler(ngx_event_t *ev);
+static void ngx_http_maskserve_attach_conn_handler(ngx_event_t *ev);
+static void ngx_http_maskserve_attach_retry_handler(ngx_event_t *ev);
+static void ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev);
+static void ngx_http_maskserve_attach_registry(
     ngx_http_maskserve_main_conf_t *mcf);
 
 
 ngx_int_t
-ngx_http_maskserve_link_init_process(ngx_cycle_t *cycle,
+ngx_http_maskserve_attach_init_process(ngx_cycle_t *cycle,
     ngx_http_maskserve_main_conf_t *mcf)
 {
     ngx_uint_t                    i;
@@ -82,7 +74,7 @@ ngx_http_maskserve_link_init_process(ngx_cycle_t *cycle,
         rg[i].log = cycle->log;
         ngx_queue_init(&rg[i].dirty);
 
-        rg[i].retry.handler = ngx_http_maskserve_link_retry_handler;
+        rg[i].retry.handler = ngx_http_maskserve_attach_retry_handler;
         rg[i].retry.data = &rg[i];
         rg[i].retry.log = cycle->log;
         rg[i].retry.cancelable = 1;
@@ -91,18 +83,18 @@ ngx_http_maskserve_link_init_process(ngx_cycle_t *cycle,
         rg[i].att.wake_fd = -1;
         rg[i].att.kick_fd = -1;
 
-        if (ngx_http_maskserve_link_attach(&rg[i]) != NGX_OK) {
+        if (ngx_http_maskserve_attach_start(&rg[i]) != NGX_OK) {
             ngx_add_timer(&rg[i].retry, NGX_HTTP_MASKSERVE_RETRY);
         }
     }
 
-    mcf->tick.handler = ngx_http_maskserve_link_tick_handler;
+    mcf->tick.handler = ngx_http_maskserve_attach_tick_handler;
     mcf->tick.data = mcf;
     mcf->tick.log = cycle->log;
     mcf->tick.cancelable = 1;
     mcf->running = 1;
 
-    ngx_http_maskserve_link_registry(mcf);
+    ngx_http_maskserve_attach_registry(mcf);
     ngx_add_timer(&mcf->tick, NGX_HTTP_MASKSERVE_TICK);
 
     return NGX_OK;
@@ -110,7 +102,7 @@ ngx_http_maskserve_link_init_process(ngx_cycle_t *cycle,
 
 
 void
-ngx_http_maskserve_link_exit_process(ngx_cycle_t *cycle,
+ngx_http_maskserve_attach_exit_process(ngx_cycle_t *cycle,
     ngx_http_maskserve_main_conf_t *mcf)
 {
     ngx_uint_t                    i;
@@ -130,11 +122,11 @@ ngx_http_maskserve_link_exit_process(ngx_cycle_t *cycle,
         }
 
         if (rg[i].attached) {
-            ngx_http_maskserve_link_detach(&rg[i]);
+            ngx_http_maskserve_attach_detach(&rg[i]);
 
         } else if (rg[i].attaching) {
             rg[i].attaching = 0;
-            ngx_http_maskserve_link_unwatch(rg[i].conn);
+            ngx_http_maskserve_attach_unwatch(rg[i].conn);
             rg[i].conn = NULL;
             msv_detach(&rg[i].att);
         }
@@ -155,23 +147,23 @@ ngx_http_maskserve_link_exit_process(ngx_cycle_t *cycle,
  */
 
 static ngx_int_t
-ngx_http_maskserve_link_attach(ngx_http_maskserve_region_t *rg)
+ngx_http_maskserve_attach_start(ngx_http_maskserve_region_t *rg)
 {
     char  err[256];
 
     if (msv_attach_start(&rg->att, (char *) rg->name.data, err, sizeof(err))
         != 0)
     {
-        ngx_http_maskserve_link_attach_failed(rg, err);
+        ngx_http_maskserve_attach_failed(rg, err);
         return NGX_ERROR;
     }
 
-    rg->conn = ngx_http_maskserve_link_watch(rg, rg->att.conn_fd,
-                                      ngx_http_maskserve_link_hello_handler);
+    rg->conn = ngx_http_maskserve_attach_watch(rg, rg->att.conn_fd,
+                                      ngx_http_maskserve_attach_hello_handler);
     if (rg->conn == NULL) {
         msv_detach(&rg->att);
-        ngx_http_maskserve_link_attach_failed(rg,
-                                              "cannot watch the worker socket");
+        ngx_http_maskserve_attach_failed(rg,
+                                         "cannot watch the worker socket");
         return NGX_ERROR;
     }
 
@@ -189,7 +181,7 @@ ngx_http_maskserve_link_attach(ngx_http_maskserve_region_t *rg)
 
 
 static void
-ngx_http_maskserve_link_attach_failed(ngx_http_maskserve_region_t *rg,
+ngx_http_maskserve_attach_failed(ngx_http_maskserve_region_t *rg,
     const char *err)
 {
     rg->fails++;
@@ -208,7 +200,7 @@ ngx_http_maskserve_link_attach_failed(ngx_http_maskserve_region_t *rg,
 /* The worker socket while attaching: the welcome, or a refusal. */
 
 static void
-ngx_http_maskserve_link_hello_handler(ngx_event_t *ev)
+ngx_http_maskserve_attach_hello_handler(ngx_event_t *ev)
 {
     char                          err[256];
     ngx_int_t                     rc;
@@ -235,14 +227,14 @@ ngx_http_maskserve_link_hello_handler(ngx_event_t *ev)
 
     if (rc != 0) {
         /* msv_attach_finish detached (and closed the socket) already */
-        ngx_http_maskserve_link_unwatch(rg->conn);
+        ngx_http_maskserve_attach_unwatch(rg->conn);
         rg->conn = NULL;
-        ngx_http_maskserve_link_attach_failed(rg, err);
+        ngx_http_maskserve_attach_failed(rg, err);
         ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
         return;
     }
 
-    if (ngx_http_maskserve_link_attached(rg) != NGX_OK) {
+    if (ngx_http_maskserve_attach_done(rg) != NGX_OK) {
         ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
     }
 }
@@ -251,13 +243,13 @@ ngx_http_maskserve_link_hello_handler(ngx_event_t *ev)
 /* The welcome came: watch the wakeups, serve rows. */
 
 static ngx_int_t
-ngx_http_maskserve_link_attached(ngx_http_maskserve_region_t *rg)
+ngx_http_maskserve_attach_done(ngx_http_maskserve_region_t *rg)
 {
     struct msv_ctrl                 *c;
     ngx_http_maskserve_slot_t       *slots;
     ngx_http_maskserve_main_conf_t  *mcf;
 
-    rg->conn->read->handler = ngx_http_maskserve_link_conn_handler;
+    rg->conn->read->handler = ngx_http_maskserve_attach_conn_handler;
 
     c = rg->att.rg.ctrl;
 
@@ -265,7 +257,7 @@ ngx_http_maskserve_link_attached(ngx_http_maskserve_region_t *rg)
         slots = ngx_alloc(c->n_slots * sizeof(ngx_http_maskserve_slot_t),
                           rg->log);
         if (slots == NULL) {
-            ngx_http_maskserve_link_unwatch(rg->conn);
+            ngx_http_maskserve_attach_unwatch(rg->conn);
             rg->conn = NULL;
             msv_detach(&rg->att);
             ngx_cpystrn(rg->err, (u_char *) "out of memory", sizeof(rg->err));
@@ -283,10 +275,10 @@ ngx_http_maskserve_link_attached(ngx_http_maskserve_region_t *rg)
     ngx_memzero(rg->slots, rg->n_slots * sizeof(ngx_http_maskserve_slot_t));
     rg->inflight = 0;
 
-    rg->wake = ngx_http_maskserve_link_watch(rg, rg->att.wake_fd,
-                                      ngx_http_maskserve_link_wake_handler);
+    rg->wake = ngx_http_maskserve_attach_watch(rg, rg->att.wake_fd,
+                                      ngx_http_maskserve_attach_wake_handler);
     if (rg->wake == NULL) {
-        ngx_http_maskserve_link_unwatch(rg->conn);
+        ngx_http_maskserve_attach_unwatch(rg->conn);
         rg->conn = NULL;
         msv_detach(&rg->att);
         ngx_cpystrn(rg->err, (u_char *) "cannot watch the wakeup fd",
@@ -306,12 +298,12 @@ ngx_http_maskserve_link_attached(ngx_http_maskserve_region_t *rg)
                   c->n_slots, c->vocab_size, rg->att.reader);
 
     /* rows may be waiting already */
-    ngx_http_maskserve_link_poll(rg);
+    ngx_http_maskserve_attach_poll(rg);
 
     /* the registry hears of it now, not at the next tick */
     mcf = ngx_http_maskserve_process_conf();
     if (mcf != NULL) {
-        ngx_http_maskserve_link_registry(mcf);
+        ngx_http_maskserve_attach_registry(mcf);
     }
 
     return NGX_OK;
@@ -319,7 +311,7 @@ ngx_http_maskserve_link_attached(ngx_http_maskserve_region_t *rg)
 
 
 static ngx_connection_t *
-ngx_http_maskserve_link_watch(ngx_http_maskserve_region_t *rg, int fd,
+ngx_http_maskserve_attach_watch(ngx_http_maskserve_region_t *rg, int fd,
     ngx_event_handler_pt handler)
 {
     ngx_connection_t  *c;
@@ -340,7 +332,7 @@ ngx_http_maskserve_link_watch(ngx_http_maskserve_region_t *rg, int fd,
     c->write->channel = 1;
 
     if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
-        ngx_http_maskserve_link_unwatch(c);
+        ngx_http_maskserve_attach_unwatch(c);
         return NULL;
     }
 
@@ -351,7 +343,7 @@ ngx_http_maskserve_link_watch(ngx_http_maskserve_region_t *rg, int fd,
 /* Take a connection out of the loop; msv_detach closes the fd. */
 
 static void
-ngx_http_maskserve_link_unwatch(ngx_connection_t *c)
+ngx_http_maskserve_attach_unwatch(ngx_connection_t *c)
 {
     if (c->read->timer_set) {
         ngx_del_timer(c->read);
@@ -376,15 +368,15 @@ ngx_http_maskserve_link_unwatch(ngx_connection_t *c)
 
 
 static void
-ngx_http_maskserve_link_detach(ngx_http_maskserve_region_t *rg)
+ngx_http_maskserve_attach_detach(ngx_http_maskserve_region_t *rg)
 {
     if (rg->wake) {
-        ngx_http_maskserve_link_unwatch(rg->wake);
+        ngx_http_maskserve_attach_unwatch(rg->wake);
         rg->wake = NULL;
     }
 
     if (rg->conn) {
-        ngx_http_maskserve_link_unwatch(rg->conn);
+        ngx_http_maskserve_attach_unwatch(rg->conn);
         rg->conn = NULL;
     }
 
@@ -402,7 +394,7 @@ ngx_http_maskserve_link_detach(ngx_http_maskserve_region_t *rg)
  */
 
 static void
-ngx_http_maskserve_link_lost(ngx_http_maskserve_region_t *rg,
+ngx_http_maskserve_attach_lost(ngx_http_maskserve_region_t *rg,
     const char *why)
 {
     u_char                     *msg;
@@ -421,7 +413,7 @@ ngx_http_maskserve_link_lost(ngx_http_maskserve_region_t *rg,
     /* the worker's last rows (abort rows on shutdown) come first */
     if (ngx_strcmp(why, "malformed record in the ring") != 0) {
         rg->consuming = 1;
-        (void) msv_consume(&rg->att.cons, ngx_http_maskserve_link_row, rg);
+        (void) msv_consume(&rg->att.cons, ngx_http_maskserve_route_row, rg);
         rg->consuming = 0;
     }
 
@@ -466,15 +458,15 @@ ngx_http_maskserve_link_lost(ngx_http_maskserve_region_t *rg,
         }
 
         ctx->done = 1;
-        ngx_http_maskserve_link_dirty(ctx);
+        ngx_http_maskserve_route_dirty(ctx);
     }
 
     rg->inflight = 0;
 
     ngx_cpystrn(rg->err, (u_char *) why, sizeof(rg->err));
-    ngx_http_maskserve_link_detach(rg);
+    ngx_http_maskserve_attach_detach(rg);
 
-    ngx_http_maskserve_link_flush(rg);
+    ngx_http_maskserve_route_flush(rg);
 
     if (!rg->retry.timer_set) {
         ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
@@ -483,7 +475,7 @@ ngx_http_maskserve_link_lost(ngx_http_maskserve_region_t *rg,
 
 
 static void
-ngx_http_maskserve_link_poll(ngx_http_maskserve_region_t *rg)
+ngx_http_maskserve_attach_poll(ngx_http_maskserve_region_t *rg)
 {
     long        n;
     ngx_uint_t  rounds;
@@ -494,16 +486,16 @@ ngx_http_maskserve_link_poll(ngx_http_maskserve_region_t *rg)
 
     for (rounds = 0; /* void */ ; rounds++) {
         rg->consuming = 1;
-        n = msv_consume(&rg->att.cons, ngx_http_maskserve_link_row, rg);
+        n = msv_consume(&rg->att.cons, ngx_http_maskserve_route_row, rg);
         rg->consuming = 0;
 
         if (n < 0) {
-            ngx_http_maskserve_link_lost(rg, "malformed record in the ring");
+            ngx_http_maskserve_attach_lost(rg, "malformed record in the ring");
             return;
         }
 
         /* what this pass formatted goes out before the next pass */
-        ngx_http_maskserve_link_flush(rg);
+        ngx_http_maskserve_route_flush(rg);
 
         if (!rg->attached) {
             return;
@@ -526,211 +518,8 @@ ngx_http_maskserve_link_poll(ngx_http_maskserve_region_t *rg)
 }
 
 
-/* One row of the ring: route it to its request by slot and cookie. */
-
-static int
-ngx_http_maskserve_link_row(void *ud, uint64_t seq, const struct msv_row *w)
-{
-    ngx_http_maskserve_region_t  *rg = ud;
-
-    ngx_http_maskserve_ctx_t   *ctx;
-    ngx_http_maskserve_slot_t  *e;
-
-    if (w->slot >= rg->n_slots) {
-        return 0;
-    }
-
-    e = &rg->slots[w->slot];
-
-    if (!e->used || e->cookie != w->cookie) {
-        /* another process's request, or an earlier one of this slot */
-        return 0;
-    }
-
-    ctx = e->ctx;
-
-    if (ctx == NULL || ctx->done) {
-        /* an orphan: the request is gone; free the slot at its end */
-        if (w->finish != MSV_FINISH_NONE) {
-            (void) msv_slot_release(rg->att.rg.ctrl, w->slot, w->cookie);
-            e->used = 0;
-            e->ctx = NULL;
-            rg->inflight--;
-        }
-
-        return 0;
-    }
-
-    if (!ctx->started) {
-        ctx->started = 1;
-
-        if (!ctx->seed_known) {
-            ctx->seed = msv_slot_at(rg->att.rg.ctrl, w->slot)->seed_used;
-            ctx->seed_known = 1;
-        }
-
-        ngx_http_maskserve_redis_req_update(&ctx->id, &rg->name, w->slot,
-                                            w->cookie, NGX_HTTP_MASKSERVE_REQ_RUNNING,
-                                            ctx->prompt_tokens, 0, NULL);
-    }
-
-    if (ngx_http_maskserve_output_row(ctx, w) != NGX_OK) {
-        /* the request failed (support cap, output limit, memory) */
-        ctx->done = 1;
-
-        if (w->finish != MSV_FINISH_NONE) {
-            goto release;
-        }
-
-        ngx_http_maskserve_link_cancel(ctx);
-        ngx_http_maskserve_link_dirty(ctx);
-        return 0;
-    }
-
-    if (w->finish == MSV_FINISH_NONE) {
-        if (!ctx->stream) {
-            return 0;
-        }
-
-        if (ctx->pending >= NGX_HTTP_MASKSERVE_FLUSH_BYTES
-            && ctx->busy == NULL)
-        {
-            /*
-             * Much output in one pass (nginx fell behind the worker):
-             * send it now rather than hold it to the end of the pass.
-             * This may finalize the request; ctx is not touched after.
-             */
-            ngx_http_maskserve_stream_flush(ctx);
-            return 0;
-        }
-
-        if (ctx->lcf->flush == NGX_HTTP_MASKSERVE_FLUSH_STEP) {
-            ngx_http_maskserve_link_dirty(ctx);
-        }
-
-        return 0;
-    }
-
-    if (w->finish <= MSV_FINISH_ABORT) {
-        ctx->finish = w->finish;
-        ctx->abort_reason = w->abort_reason;
-
-    } else {
-        /* a finish this module does not know: an abort it can explain */
-        ctx->finish = MSV_FINISH_ABORT;
-        ctx->abort_reason = MSV_ABORT_INTERNAL;
-    }
-
-    ctx->done = 1;
-
-release:
-
-    /* the row is formatted: the slot may go back to the worker */
-    (void) msv_slot_release(rg->att.rg.ctrl, w->slot, w->cookie);
-    e->used = 0;
-    e->ctx = NULL;
-    rg->inflight--;
-    ctx->admitted = 0;
-
-    ngx_http_maskserve_link_dirty(ctx);
-
-    return 0;
-}
-
-
-void
-ngx_http_maskserve_link_dirty(ngx_http_maskserve_ctx_t *ctx)
-{
-    if (ctx->dirty || ctx->r == NULL) {
-        return;
-    }
-
-    ctx->dirty = 1;
-    ngx_queue_insert_tail(&ctx->region->dirty, &ctx->queue);
-}
-
-
-static void
-ngx_http_maskserve_link_flush(ngx_http_maskserve_region_t *rg)
-{
-    ngx_queue_t               *q;
-    ngx_http_maskserve_ctx_t  *ctx;
-
-    while (!ngx_queue_empty(&rg->dirty)) {
-        q = ngx_queue_head(&rg->dirty);
-        ngx_queue_remove(q);
-
-        ctx = ngx_queue_data(q, ngx_http_maskserve_ctx_t, queue);
-        ctx->dirty = 0;
-
-        /* may finalize the request: ctx is not touched afterwards */
-        ngx_http_maskserve_stream_flush(ctx);
-    }
-}
-
-
-ngx_http_maskserve_region_t *
-ngx_http_maskserve_link_pick(ngx_http_maskserve_main_conf_t *mcf,
-    ngx_http_maskserve_loc_conf_t *lcf, ngx_http_maskserve_err_t *err)
-{
-    ngx_uint_t                    i, n, used, best_used, attached;
-    ngx_http_maskserve_region_t  *rg, *best;
-
-    n = ngx_http_maskserve_loc_nregions(mcf, lcf);
-
-    best = NULL;
-    best_used = 0;
-    attached = 0;
-
-    for (i = 0; i < n; i++) {
-        rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
-
-        if (!rg->attached) {
-            continue;
-        }
-
-        attached++;
-
-        if (ngx_http_maskserve_link_ready(rg) != NGX_OK) {
-            continue;
-        }
-
-        used = ngx_http_maskserve_link_in_use(rg);
-
-        if (used >= rg->n_slots) {
-            continue;
-        }
-
-        /* compare used / n_slots without dividing */
-        if (best == NULL || used * best->n_slots < best_used * rg->n_slots) {
-            best = rg;
-            best_used = used;
-        }
-    }
-
-    if (best) {
-        return best;
-    }
-
-    if (attached == 0) {
-        ngx_http_maskserve_error(err, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                 NGX_HTTP_MASKSERVE_OVERLOAD, NULL,
-                                 "no maskserve worker is attached; "
-                                 "retry later");
-
-    } else {
-        ngx_http_maskserve_error(err, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                 NGX_HTTP_MASKSERVE_OVERLOAD, NULL,
-                                 "no free request slot in any ready "
-                                 "maskserve worker; retry later");
-    }
-
-    return NULL;
-}
-
-
 ngx_int_t
-ngx_http_maskserve_link_ready(ngx_http_maskserve_region_t *rg)
+ngx_http_maskserve_attach_ready(ngx_http_maskserve_region_t *rg)
 {
     uint64_t          hb, now;
     struct msv_ctrl  *c;
@@ -759,7 +548,7 @@ ngx_http_maskserve_link_ready(ngx_http_maskserve_region_t *rg)
 
 
 ngx_uint_t
-ngx_http_maskserve_link_in_use(ngx_http_maskserve_region_t *rg)
+ngx_http_maskserve_attach_in_use(ngx_http_maskserve_region_t *rg)
 {
     uint32_t  census[6];
 
@@ -773,168 +562,9 @@ ngx_http_maskserve_link_in_use(ngx_http_maskserve_region_t *rg)
 }
 
 
-ngx_int_t
-ngx_http_maskserve_link_submit(ngx_http_maskserve_region_t *rg,
-    ngx_http_maskserve_ctx_t *ctx, ngx_http_maskserve_gen_t *g)
-{
-    int                         i;
-    uint64_t                    cookie;
-    struct msv_ctrl            *c;
-    ngx_http_maskserve_ctx_t   *other;
-    ngx_http_maskserve_slot_t  *e;
-
-    c = rg->att.rg.ctrl;
-
-    i = msv_slot_claim(c, rg->att.reader, (int32_t) ngx_pid);
-    if (i < 0) {
-        return NGX_DECLINED;
-    }
-
-    if ((ngx_uint_t) i >= rg->n_slots) {
-        ngx_log_error(NGX_LOG_ALERT, rg->log, 0,
-                      "maskserve: claimed slot %d of %ui in \"%V\"",
-                      i, rg->n_slots, &rg->name);
-        msv_slot_unclaim(c, (uint32_t) i);
-        return NGX_DECLINED;
-    }
-
-    e = &rg->slots[i];
-    other = NULL;
-
-    if (e->used) {
-        /*
-         * The worker took the slot back while we still listed it (it
-         * evicted this reader): the request that had it cannot go on.
-         */
-        other = e->ctx;
-        rg->inflight--;
-
-        if (other && !other->done) {
-            other->admitted = 0;
-            other->done = 1;
-            ngx_http_maskserve_error(&other->err, NGX_HTTP_BAD_GATEWAY,
-                                     NGX_HTTP_MASKSERVE_SERVER, NULL,
-                                     "the maskserve worker took back the "
-                                     "slot of this request");
-            ngx_http_maskserve_link_dirty(other);
-        }
-    }
-
-    cookie = msv_slot_submit(c, (uint32_t) i, (char *) ctx->id.data,
-                             &g->params, g->prompt, (uint32_t) g->n_prompt,
-                             g->bias);
-
-    e->used = 1;
-    e->ctx = ctx;
-    e->cookie = cookie;
-    rg->inflight++;
-
-    ctx->region = rg;
-    ctx->slot = (ngx_uint_t) i;
-    ctx->cookie = cookie;
-    ctx->admitted = 1;
-
-    msv_kick(rg->att.kick_fd);
-
-    if (other) {
-        ngx_http_maskserve_link_flush(rg);
-    }
-
-    return NGX_OK;
-}
-
-
-void
-ngx_http_maskserve_link_cancel(ngx_http_maskserve_ctx_t *ctx)
-{
-    ngx_http_maskserve_region_t  *rg;
-    ngx_http_maskserve_slot_t    *e;
-
-    if (!ctx->admitted) {
-        return;
-    }
-
-    rg = ctx->region;
-    ctx->admitted = 0;
-    ctx->cancelled = 1;
-
-    if (!rg->attached || ctx->slot >= rg->n_slots) {
-        return;
-    }
-
-    e = &rg->slots[ctx->slot];
-
-    if (e->used && e->cookie == ctx->cookie) {
-        e->ctx = NULL;
-        msv_slot_cancel(rg->att.rg.ctrl, (uint32_t) ctx->slot, ctx->cookie);
-        msv_kick(rg->att.kick_fd);
-    }
-}
-
-
-ngx_int_t
-ngx_http_maskserve_link_find(ngx_http_maskserve_main_conf_t *mcf, u_char *id,
-    size_t len, ngx_http_maskserve_region_t **rgp, ngx_uint_t *slot,
-    uint64_t *cookie, uint32_t *state)
-{
-    uint32_t                      st, i;
-    uint64_t                      ck;
-    ngx_uint_t                    k;
-    struct msv_ctrl              *c;
-    struct msv_slot              *s;
-    ngx_http_maskserve_region_t  *rg;
-
-    if (len == 0 || len > MSV_REQ_ID_MAX) {
-        return NGX_DECLINED;
-    }
-
-    for (k = 0; k < mcf->regions.nelts; k++) {
-        rg = ngx_http_maskserve_region(mcf, k);
-
-        if (!rg->attached) {
-            continue;
-        }
-
-        c = rg->att.rg.ctrl;
-
-        for (i = 0; i < c->n_slots; i++) {
-            st = msv_slot_state(c, i);
-
-            if (st != MSV_SLOT_CLAIMED && st != MSV_SLOT_SUBMITTED
-                && st != MSV_SLOT_RUNNING)
-            {
-                continue;
-            }
-
-            s = msv_slot_at(c, i);
-            ck = s->cookie;
-
-            if (ngx_strncmp(s->request_id, id, len) != 0
-                || s->request_id[len] != '\0')
-            {
-                continue;
-            }
-
-            /* the slot may have changed hands while we compared */
-            if (s->cookie != ck || msv_slot_state(c, i) != st) {
-                continue;
-            }
-
-            *rgp = rg;
-            *slot = i;
-            *cookie = ck;
-            *state = st;
-
-            return NGX_OK;
-        }
-    }
-
-    return NGX_DECLINED;
-}
-
 
 static void
-ngx_http_maskserve_link_wake_handler(ngx_event_t *ev)
+ngx_http_maskserve_attach_wake_handler(ngx_event_t *ev)
 {
     ngx_connection_t             *c;
     ngx_http_maskserve_region_t  *rg;
@@ -949,12 +579,12 @@ ngx_http_maskserve_link_wake_handler(ngx_event_t *ev)
     (void) msv_drain(rg->att.wake_fd);
     ev->ready = 0;
 
-    ngx_http_maskserve_link_poll(rg);
+    ngx_http_maskserve_attach_poll(rg);
 }
 
 
 static void
-ngx_http_maskserve_link_conn_handler(ngx_event_t *ev)
+ngx_http_maskserve_attach_conn_handler(ngx_event_t *ev)
 {
     u_char                        buf[256];
     ssize_t                       n;
@@ -978,7 +608,7 @@ ngx_http_maskserve_link_conn_handler(ngx_event_t *ev)
         }
 
         if (n == 0) {
-            ngx_http_maskserve_link_lost(rg, "the worker closed its socket");
+            ngx_http_maskserve_attach_lost(rg, "the worker closed its socket");
             return;
         }
 
@@ -995,14 +625,14 @@ ngx_http_maskserve_link_conn_handler(ngx_event_t *ev)
 
         ngx_log_error(NGX_LOG_ERR, rg->log, err,
                       "maskserve: worker socket of \"%V\"", &rg->name);
-        ngx_http_maskserve_link_lost(rg, "error on the worker socket");
+        ngx_http_maskserve_attach_lost(rg, "error on the worker socket");
         return;
     }
 }
 
 
 static void
-ngx_http_maskserve_link_retry_handler(ngx_event_t *ev)
+ngx_http_maskserve_attach_retry_handler(ngx_event_t *ev)
 {
     ngx_http_maskserve_region_t     *rg;
     ngx_http_maskserve_main_conf_t  *mcf;
@@ -1016,28 +646,28 @@ ngx_http_maskserve_link_retry_handler(ngx_event_t *ev)
 
     if (rg->attaching) {
         /* no welcome in time: take it if it just came, else give up */
-        ngx_http_maskserve_link_hello_handler(rg->conn->read);
+        ngx_http_maskserve_attach_hello_handler(rg->conn->read);
 
         if (rg->attaching) {
             rg->attaching = 0;
-            ngx_http_maskserve_link_unwatch(rg->conn);
+            ngx_http_maskserve_attach_unwatch(rg->conn);
             rg->conn = NULL;
             msv_detach(&rg->att);
-            ngx_http_maskserve_link_attach_failed(rg, "no welcome from the "
+            ngx_http_maskserve_attach_failed(rg, "no welcome from the "
                                                   "worker in time");
             ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
         }
         return;
     }
 
-    if (ngx_http_maskserve_link_attach(rg) != NGX_OK) {
+    if (ngx_http_maskserve_attach_start(rg) != NGX_OK) {
         ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
     }
 }
 
 
 static void
-ngx_http_maskserve_link_tick_handler(ngx_event_t *ev)
+ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev)
 {
     uint64_t                         now;
     ngx_uint_t                       i;
@@ -1063,17 +693,17 @@ ngx_http_maskserve_link_tick_handler(ngx_event_t *ev)
                               memory_order_relaxed);
 
         if (msv_attachment_check(&rg->att) != 0) {
-            ngx_http_maskserve_link_lost(rg, "the worker died or was "
+            ngx_http_maskserve_attach_lost(rg, "the worker died or was "
                                          "replaced");
             continue;
         }
 
         /* a safety net under the eventfd wakeups */
-        ngx_http_maskserve_link_poll(rg);
+        ngx_http_maskserve_attach_poll(rg);
     }
 
     if (ngx_current_msec - mcf->registry_at >= 1000) {
-        ngx_http_maskserve_link_registry(mcf);
+        ngx_http_maskserve_attach_registry(mcf);
     }
 
     ngx_add_timer(&mcf->tick, NGX_HTTP_MASKSERVE_TICK);
@@ -1081,7 +711,7 @@ ngx_http_maskserve_link_tick_handler(ngx_event_t *ev)
 
 
 static void
-ngx_http_maskserve_link_registry(ngx_http_maskserve_main_conf_t *mcf)
+ngx_http_maskserve_attach_registry(ngx_http_maskserve_main_conf_t *mcf)
 {
     ngx_uint_t                    i, load;
     struct msv_ctrl              *c;
@@ -1111,6 +741,7 @@ ngx_http_maskserve_link_registry(ngx_http_maskserve_main_conf_t *mcf)
                + atomic_load_explicit(&c->waiting, memory_order_relaxed);
 
         ngx_http_maskserve_redis_worker_update(&rg->name, c->n_slots, load,
-            rg->generation, ngx_http_maskserve_link_ready(rg) == NGX_OK);
+            rg->generation, ngx_http_maskserve_attach_ready(rg) == NGX_OK);
     }
 }
+

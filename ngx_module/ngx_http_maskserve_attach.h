@@ -1,0 +1,43 @@
+/*
+ * ngx_http_maskserve_attach.h: each nginx worker process's attachments to
+ * the maskserve worker regions: attach and re-attach, the wakeup and
+ * liveness fds in nginx's event loop, the heartbeat, and the ring
+ * consumer whose rows ngx_http_maskserve_route.c hands to their requests.
+ */
+
+#ifndef NGX_HTTP_MASKSERVE_ATTACH_H
+#define NGX_HTTP_MASKSERVE_ATTACH_H
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "ngx_http_maskserve_module.h"
+
+
+/* the re-attach period, and the heartbeat period */
+#define NGX_HTTP_MASKSERVE_RETRY       500
+/* how long an attach waits for the worker's welcome (without blocking) */
+#define NGX_HTTP_MASKSERVE_WELCOME     10000
+#define NGX_HTTP_MASKSERVE_TICK        200
+
+/* consume passes in a row before other events get their turn */
+#define NGX_HTTP_MASKSERVE_ROUNDS      4
+
+/* a worker whose heartbeat is older than this is not admitted to */
+#define NGX_HTTP_MASKSERVE_STALE_NS    (10ULL * 1000 * 1000 * 1000)
+
+
+ngx_int_t ngx_http_maskserve_attach_init_process(ngx_cycle_t *cycle,
+    ngx_http_maskserve_main_conf_t *mcf);
+void ngx_http_maskserve_attach_exit_process(ngx_cycle_t *cycle,
+    ngx_http_maskserve_main_conf_t *mcf);
+
+/* Slots not FREE in a region (all processes), for load and health. */
+ngx_uint_t ngx_http_maskserve_attach_in_use(ngx_http_maskserve_region_t *rg);
+
+/* Is the region attached, ready and beating? */
+ngx_int_t ngx_http_maskserve_attach_ready(ngx_http_maskserve_region_t *rg);
+
+
+#endif /* NGX_HTTP_MASKSERVE_ATTACH_H */
