@@ -425,7 +425,7 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
     size_t                             len;
     ngx_int_t                          rc;
     ngx_buf_t                         *b;
-    ngx_uint_t                         i, n, ready;
+    ngx_uint_t                         i, n, ready, stalled;
     const char                        *redis, *status;
     ngx_http_maskserve_err_t           err;
     ngx_http_maskserve_region_t       *rg;
@@ -458,12 +458,17 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
     }
 
     ready = 0;
+    stalled = 0;
 
     for (i = 0; i < n; i++) {
         rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
 
         if (mcf->running && ngx_http_maskserve_attach_ready(rg) == NGX_OK) {
             ready++;
+        }
+
+        if (mcf->running && ngx_http_maskserve_attach_stalled(rg)) {
+            stalled++;
         }
     }
 
@@ -476,7 +481,7 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
 
     /* a configured Redis that is down degrades, never fails, health */
     status = !ready ? "unavailable"
-             : (ready < n || redis[0] == 'd') ? "degraded" : "ok";
+             : (ready < n || stalled || redis[0] == 'd') ? "degraded" : "ok";
 
     p = b->last;
     p = ngx_sprintf(p, "{\"status\":\"%s\",\"nginx_pid\":%P,\"redis\":\"%s\","
@@ -543,11 +548,15 @@ ngx_http_maskserve_health_region(u_char *p, ngx_http_maskserve_region_t *rg)
     msv_slot_census(c, census);
 
     p = ngx_sprintf(p, ",\"ready\":%s,\"state\":\"%s\",\"pid\":%D,"
-                    "\"generation\":\"%016uxL\",\"heartbeat_age_ms\":%uL,",
+                    "\"generation\":\"%016uxL\",\"heartbeat_age_ms\":%uL,"
+                    "\"stalled\":%s,\"stall_limit_ms\":%uL,\"step_ms\":%uD,",
                     ngx_http_maskserve_attach_ready(rg) == NGX_OK
                     ? "true" : "false",
                     state < 4 ? states[state] : "unknown", c->worker_pid,
-                    c->generation, age);
+                    c->generation, age,
+                    ngx_http_maskserve_attach_stalled(rg) ? "true" : "false",
+                    ngx_http_maskserve_attach_stall_ns(rg) / 1000000,
+                    atomic_load_explicit(&c->step_ms, memory_order_relaxed));
 
     p = ngx_cpymem(p, "\"model\":\"", 9);
     len = ngx_strnlen((u_char *) c->model, sizeof(c->model));

@@ -539,11 +539,43 @@ ngx_http_maskserve_attach_ready(ngx_http_maskserve_region_t *rg)
     hb = atomic_load_explicit(&c->heartbeat_ns, memory_order_relaxed);
     now = msv_now_ns();
 
-    if (now > hb && now - hb > NGX_HTTP_MASKSERVE_STALE_NS) {
+    if (now > hb && now - hb > ngx_http_maskserve_attach_stall_ns(rg)) {
         return NGX_DECLINED;
     }
 
     return NGX_OK;
+}
+
+
+ngx_uint_t
+ngx_http_maskserve_attach_stalled(ngx_http_maskserve_region_t *rg)
+{
+    uint64_t  hb, now;
+
+    if (!rg->attached) {
+        return 0;
+    }
+
+    hb = atomic_load_explicit(&rg->att.rg.ctrl->heartbeat_ns,
+                              memory_order_relaxed);
+    now = msv_now_ns();
+
+    return (now > hb && now - hb > MSV_HEARTBEAT_LATE_NS) ? 1 : 0;
+}
+
+
+uint64_t
+ngx_http_maskserve_attach_stall_ns(ngx_http_maskserve_region_t *rg)
+{
+    ngx_http_maskserve_main_conf_t  *mcf;
+
+    mcf = ngx_http_maskserve_process_conf();
+
+    if (mcf == NULL || mcf->stall_timeout == 0) {
+        return MSV_HEARTBEAT_STALE_NS;
+    }
+
+    return (uint64_t) mcf->stall_timeout * 1000000;
 }
 
 
@@ -669,7 +701,6 @@ ngx_http_maskserve_attach_retry_handler(ngx_event_t *ev)
 static void
 ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev)
 {
-    uint64_t                         now;
     ngx_uint_t                       i;
     ngx_http_maskserve_region_t     *rg;
     ngx_http_maskserve_main_conf_t  *mcf;
@@ -680,8 +711,6 @@ ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev)
         return;
     }
 
-    now = msv_now_ns();
-
     for (i = 0; i < mcf->regions.nelts; i++) {
         rg = ngx_http_maskserve_region(mcf, i);
 
@@ -689,12 +718,13 @@ ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev)
             continue;
         }
 
-        atomic_store_explicit(&rg->att.cons.me->heartbeat_ns, now,
-                              memory_order_relaxed);
+        msv_reader_heartbeat(&rg->att);
+
+        rg->att.stall_ns = ngx_http_maskserve_attach_stall_ns(rg);
 
         if (msv_attachment_check(&rg->att) != 0) {
-            ngx_http_maskserve_attach_lost(rg, "the worker died or was "
-                                         "replaced");
+            /* what was seen: no heartbeat for N s, EOF, a new worker ... */
+            ngx_http_maskserve_attach_lost(rg, rg->att.lost);
             continue;
         }
 

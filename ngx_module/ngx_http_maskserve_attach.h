@@ -24,9 +24,6 @@
 /* consume passes in a row before other events get their turn */
 #define NGX_HTTP_MASKSERVE_ROUNDS      4
 
-/* a worker whose heartbeat is older than this is not admitted to */
-#define NGX_HTTP_MASKSERVE_STALE_NS    (10ULL * 1000 * 1000 * 1000)
-
 
 ngx_int_t ngx_http_maskserve_attach_init_process(ngx_cycle_t *cycle,
     ngx_http_maskserve_main_conf_t *mcf);
@@ -36,8 +33,21 @@ void ngx_http_maskserve_attach_exit_process(ngx_cycle_t *cycle,
 /* Slots not FREE in a region (all processes), for load and health. */
 ngx_uint_t ngx_http_maskserve_attach_in_use(ngx_http_maskserve_region_t *rg);
 
-/* Is the region attached, ready and beating? */
+/*
+ * Is the region attached, ready and beating (a heartbeat within the stall
+ * limit, maskserve_worker_stall_timeout)?  New requests go only there.
+ */
 ngx_int_t ngx_http_maskserve_attach_ready(ngx_http_maskserve_region_t *rg);
+
+/*
+ * Is the region's worker stalled: attached, but its heartbeat late
+ * (MSV_HEARTBEAT_LATE_NS) though not yet past the stall limit?
+ */
+ngx_uint_t ngx_http_maskserve_attach_stalled(
+    ngx_http_maskserve_region_t *rg);
+
+/* The stall limit of the region's worker, in ns. */
+uint64_t ngx_http_maskserve_attach_stall_ns(ngx_http_maskserve_region_t *rg);
 
 
 #endif /* NGX_HTTP_MASKSERVE_ATTACH_H */

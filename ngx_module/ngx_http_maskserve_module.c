@@ -100,6 +100,13 @@ static ngx_command_t  ngx_http_maskserve_commands[] = {
       offsetof(ngx_http_maskserve_loc_conf_t, max_prompt),
       NULL },
 
+    { ngx_string("maskserve_worker_stall_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_http_maskserve_main_conf_t, stall_timeout),
+      NULL },
+
     { ngx_string("maskserve_max_support"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_maskserve_conf_max_support,
@@ -259,6 +266,7 @@ ngx_http_maskserve_create_main_conf(ngx_conf_t *cf)
     mcf->redis.db = NGX_CONF_UNSET;
     mcf->redis.req_ttl = NGX_CONF_UNSET_MSEC;
     mcf->redis_on = NGX_CONF_UNSET;
+    mcf->stall_timeout = NGX_CONF_UNSET_MSEC;
 
     return mcf;
 }
@@ -270,6 +278,17 @@ ngx_http_maskserve_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_http_maskserve_main_conf_t  *mcf = conf;
 
     ngx_conf_init_value(mcf->redis_on, 0);
+    ngx_conf_init_msec_value(mcf->stall_timeout,
+                             MSV_HEARTBEAT_STALE_NS / 1000000);
+
+    if (mcf->stall_timeout < 1000) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"maskserve_worker_stall_timeout\" must be at "
+                           "least 1s: the worker beats every 100ms and a "
+                           "heartbeat is late after %uLms",
+                           (uint64_t) (MSV_HEARTBEAT_LATE_NS / 1000000));
+        return NGX_CONF_ERROR;
+    }
     ngx_conf_init_value(mcf->redis.port, 6379);
     ngx_conf_init_value(mcf->redis.db, 0);
     ngx_conf_init_msec_value(mcf->redis.req_ttl, 3600 * 1000);

@@ -87,6 +87,7 @@ typedef struct {
     ngx_http_maskserve_redis_conf_t  redis;
     ngx_flag_t                     redis_on;
     ngx_flag_t                     used;     /* a handler is configured */
+    ngx_msec_t                     stall_timeout; /* no heartbeat: lost */
 
     /* per process */
     ngx_event_t                    tick;     /* heartbeat and registry */

@@ -368,8 +368,19 @@ test_handshake_and_wake(void)
     /* a hung worker: its heartbeat stops */
     cmd('h');
     atomic_store(&c->heartbeat_ns, msv_now_ns() - 4000000000ULL);
-    tap_ok(msv_attachment_check(&a) == -1, "check: worker heartbeat 4 s old "
-           "-> -1");
+    tap_ok(msv_attachment_check(&a) == 0, "check: worker heartbeat 4 s old, "
+           "default limit %.0f s -> 0 (late, not given up)",
+           (double) MSV_HEARTBEAT_STALE_NS / 1e9);
+    a.stall_ns = 3000000000ULL;
+    tap_ok(msv_attachment_check(&a) == -1
+           && strstr(a.lost, "no heartbeat from the worker") != NULL
+           && strstr(a.lost, "for 4.0 s") != NULL,
+           "check: heartbeat 4 s old, limit 3 s -> -1, says \"%s\"", a.lost);
+    a.stall_ns = 0;
+    atomic_store(&c->heartbeat_ns, msv_now_ns() - MSV_HEARTBEAT_STALE_NS
+                                   - 1000000000ULL);
+    tap_ok(msv_attachment_check(&a) == -1, "check: worker heartbeat past the "
+           "default limit -> -1");
     {
         struct msv_attachment  b;
 
