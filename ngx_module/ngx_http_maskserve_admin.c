@@ -263,10 +263,17 @@ ngx_http_maskserve_status_handler(ngx_http_request_t *r)
     id.len = last - p;
 
     if (!ngx_http_maskserve_id_valid(id.data, id.len)) {
-        ngx_http_maskserve_error(&err, NGX_HTTP_BAD_REQUEST,
-                                 NGX_HTTP_MASKSERVE_INVALID, "request_id",
-                                 "the path must end with a request id of 1 "
-                                 "to 128 characters of [A-Za-z0-9._:-]");
+        p = ngx_pnalloc(r->pool, 128);
+        if (p == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        ngx_http_maskserve_set_error(&err, NGX_HTTP_BAD_REQUEST,
+                                     NGX_HTTP_MASKSERVE_INVALID, "request_id",
+                                     p, ngx_snprintf(p, 128, "the path must "
+                                     "end with a request id of 1 to %d "
+                                     "characters of [A-Za-z0-9._:-]",
+                                     MSV_REQ_ID_MAX) - p);
         return ngx_http_maskserve_send_error(r, &err);
     }
 

@@ -70,14 +70,6 @@ ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
         return NGX_OK;
     }
 
-    if (w->bytes < msv_row_size(w->n_support, w->n_lps, w->n_top)) {
-        return ngx_http_maskserve_fail_row(ctx,
-                                           NGX_HTTP_INTERNAL_SERVER_ERROR,
-                                           NGX_HTTP_MASKSERVE_SERVER, NULL,
-                                           "malformed row from the worker "
-                                           "(%uD bytes)", w->bytes);
-    }
-
     /* token_ids */
 
     if (ngx_http_maskserve_room(ctx, &ctx->ids, MSV_ID_ROOM) != NGX_OK) {

@@ -229,10 +229,10 @@ msv_redis_conf(msv_redis_ctx_t *ctx, ngx_http_maskserve_redis_conf_t *rcf,
     u_char     *p;
     ngx_str_t   prefix, hostname;
 
-    if (rcf->host.len > MSV_REDIS_NAME_MAX) {
+    if (rcf->host.len > MSV_REDIS_HOST_MAX) {
         ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
                       "maskserve redis: host \"%V\" is longer than %d bytes",
-                      &rcf->host, MSV_REDIS_NAME_MAX);
+                      &rcf->host, MSV_REDIS_HOST_MAX);
         return NGX_ERROR;
     }
 
@@ -306,10 +306,10 @@ msv_redis_conf(msv_redis_ctx_t *ctx, ngx_http_maskserve_redis_conf_t *rcf,
         hostname = cycle->hostname;
     }
 
-    if (hostname.len == 0 || hostname.len > MSV_REDIS_NAME_MAX) {
+    if (hostname.len == 0 || hostname.len > MSV_REDIS_HOST_MAX) {
         ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
                       "maskserve redis: hostname \"%V\" must be 1..%d bytes",
-                      &hostname, MSV_REDIS_NAME_MAX);
+                      &hostname, MSV_REDIS_HOST_MAX);
         return NGX_ERROR;
     }
 
@@ -582,7 +582,7 @@ ngx_http_maskserve_redis_publish_abort(ngx_str_t *id)
         return;
     }
 
-    if (msv_redis_check_len(ctx, id, MSV_REDIS_ID_MAX, "abort: id")
+    if (msv_redis_check_len(ctx, id, MSV_REQ_ID_MAX, "abort: id")
         != NGX_OK)
     {
         return;
@@ -631,7 +631,7 @@ ngx_http_maskserve_redis_req_get(ngx_str_t *id,
     h->data = data;
 
     if (ctx != NULL && ctx->cmd.ready && id->len > 0
-        && id->len <= MSV_REDIS_ID_MAX)
+        && id->len <= MSV_REQ_ID_MAX)
     {
         msv_redis_cmd_init(&cmd);
         msv_redis_arg_cstr(&cmd, "HGETALL");

@@ -19,6 +19,7 @@
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
 
+#include "msv_shm.h"
 #include "ngx_http_maskserve_redis.h"
 #include "ngx_http_maskserve_redis_cmd.h"
 #include "ngx_http_maskserve_redis_link.h"
@@ -35,8 +36,8 @@
 #define MSV_REDIS_HIGH_PENDING   100000  /* replies owed: stop sending */
 #define MSV_REDIS_LOW_PENDING    10000   /* ... and resume below this */
 
-#define MSV_REDIS_ID_MAX         512     /* request id bytes */
-#define MSV_REDIS_NAME_MAX       255     /* region and host name bytes */
+/* request ids are at most MSV_REQ_ID_MAX, regions MSV_NAME_MAX bytes */
+#define MSV_REDIS_HOST_MAX       255     /* Redis host, our host name */
 #define MSV_REDIS_PREFIX_MAX     128
 #define MSV_REDIS_FINISH_MAX     47
 #define MSV_REDIS_REGION_MIN     64      /* region room in a new entry */
@@ -69,7 +70,7 @@ struct msv_redis_entry_s {
 
 
 typedef struct {
-    u_char                            region[MSV_REDIS_NAME_MAX];
+    u_char                            region[MSV_NAME_MAX];
     size_t                            region_len;
     ngx_uint_t                        capacity;
     ngx_uint_t                        load;
@@ -93,9 +94,9 @@ typedef struct {
     ngx_log_t                        *log;
 
     /* configuration, copied */
-    char                              host[MSV_REDIS_NAME_MAX + 1];
+    char                              host[MSV_REDIS_HOST_MAX + 1];
     char                              addr[NI_MAXHOST];   /* numeric */
-    char                              peer[MSV_REDIS_NAME_MAX + 8]; /* log */
+    char                              peer[MSV_REDIS_HOST_MAX + 8]; /* log */
     int                               port;
     unsigned                          unix_socket:1;
     ngx_str_t                         password;

@@ -129,7 +129,7 @@ ngx_http_maskserve_redis_worker_update(ngx_str_t *region,
         return;
     }
 
-    if (msv_redis_check_len(ctx, region, MSV_REDIS_NAME_MAX, "worker region")
+    if (msv_redis_check_len(ctx, region, MSV_NAME_MAX, "worker region")
         != NGX_OK)
     {
         return;
@@ -191,16 +191,16 @@ ngx_http_maskserve_redis_req_update(ngx_str_t *id, ngx_str_t *region,
         return;
     }
 
-    if (msv_redis_check_len(ctx, id, MSV_REDIS_ID_MAX, "request id")
+    if (msv_redis_check_len(ctx, id, MSV_REQ_ID_MAX, "request id")
         != NGX_OK)
     {
         return;
     }
 
-    if (region->len > MSV_REDIS_NAME_MAX) {
+    if (region->len > MSV_NAME_MAX) {
         ngx_log_error(NGX_LOG_ERR, ctx->log, 0,
                       "maskserve redis: request \"%V\": region longer "
-                      "than %d bytes", id, MSV_REDIS_NAME_MAX);
+                      "than %d bytes", id, MSV_NAME_MAX);
         return;
     }
 
