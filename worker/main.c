@@ -21,9 +21,9 @@
 #include <unistd.h>
 
 #include "../shm/msv_region.h"
+#include "../shm/msv_ipc.h"
 #include "../shm/msv_ring.h"
 #include "backend.h"
-#include "ipc.h"
 #include "log.h"
 #include "model.h"
 #include "scheduler.h"
@@ -569,6 +569,7 @@ main(int argc, char **argv)
         return 1;
     }
 
+    ipc.log = msv_log;
     msv_producer_init(&prod, rg.ctrl, msv_ipc_ring_wait, &ipc);
 
     if (o.has_seed) {
