@@ -51,7 +51,7 @@ static ngx_connection_t *ngx_http_maskserve_attach_watch(
 static void ngx_http_maskserve_attach_unwatch(ngx_connection_t *c);
 static void ngx_http_maskserve_attach_detach(ngx_http_maskserve_region_t *rg);
 static void ngx_http_maskserve_attach_lost(ngx_http_maskserve_region_t *rg,
-    const char *why);
+    const char *why, ngx_uint_t corrupt);
 static void ngx_http_maskserve_attach_poll(ngx_http_maskserve_region_t *rg);
 static void ngx_http_maskserve_attach_wake_handler(ngx_event_t *ev);
 static void ngx_http_maskserve_attach_conn_handler(ngx_event_t *ev);
@@ -390,12 +390,13 @@ ngx_http_maskserve_attach_detach(ngx_http_maskserve_region_t *rg)
 /*
  * The worker is gone (or replaced, or the region is corrupt): read what it
  * published before it went, end every remaining request of the region
- * with an error, detach, and start looking for its successor.
+ * with an error, detach, and start looking for its successor.  A corrupt
+ * ring is not read again.
  */
 
 static void
 ngx_http_maskserve_attach_lost(ngx_http_maskserve_region_t *rg,
-    const char *why)
+    const char *why, ngx_uint_t corrupt)
 {
     u_char                     *msg;
     ngx_uint_t                  i;
@@ -411,7 +412,7 @@ ngx_http_maskserve_attach_lost(ngx_http_maskserve_region_t *rg,
                   "in flight", &rg->name, why, rg->inflight);
 
     /* the worker's last rows (abort rows on shutdown) come first */
-    if (ngx_strcmp(why, "malformed record in the ring") != 0) {
+    if (!corrupt) {
         rg->consuming = 1;
         (void) msv_consume(&rg->att.cons, ngx_http_maskserve_route_row, rg);
         rg->consuming = 0;
@@ -490,7 +491,8 @@ ngx_http_maskserve_attach_poll(ngx_http_maskserve_region_t *rg)
         rg->consuming = 0;
 
         if (n < 0) {
-            ngx_http_maskserve_attach_lost(rg, "malformed record in the ring");
+            ngx_http_maskserve_attach_lost(rg, "malformed record in the ring",
+                                           1);
             return;
         }
 
@@ -640,7 +642,8 @@ ngx_http_maskserve_attach_conn_handler(ngx_event_t *ev)
         }
 
         if (n == 0) {
-            ngx_http_maskserve_attach_lost(rg, "the worker closed its socket");
+            ngx_http_maskserve_attach_lost(rg, "the worker closed its socket",
+                                           0);
             return;
         }
 
@@ -657,7 +660,7 @@ ngx_http_maskserve_attach_conn_handler(ngx_event_t *ev)
 
         ngx_log_error(NGX_LOG_ERR, rg->log, err,
                       "maskserve: worker socket of \"%V\"", &rg->name);
-        ngx_http_maskserve_attach_lost(rg, "error on the worker socket");
+        ngx_http_maskserve_attach_lost(rg, "error on the worker socket", 0);
         return;
     }
 }
@@ -686,7 +689,7 @@ ngx_http_maskserve_attach_retry_handler(ngx_event_t *ev)
             rg->conn = NULL;
             msv_detach(&rg->att);
             ngx_http_maskserve_attach_failed(rg, "no welcome from the "
-                                                  "worker in time");
+                                             "worker in time");
             ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
         }
         return;
@@ -724,7 +727,7 @@ ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev)
 
         if (msv_attachment_check(&rg->att) != 0) {
             /* what was seen: no heartbeat for N s, EOF, a new worker ... */
-            ngx_http_maskserve_attach_lost(rg, rg->att.lost);
+            ngx_http_maskserve_attach_lost(rg, rg->att.lost, 0);
             continue;
         }
 
