@@ -42,6 +42,8 @@
 static ngx_int_t ngx_http_maskserve_attach_start(
     ngx_http_maskserve_region_t *rg);
 static void ngx_http_maskserve_attach_hello_handler(ngx_event_t *ev);
+static void ngx_http_maskserve_attach_abandon(
+    ngx_http_maskserve_region_t *rg);
 static void ngx_http_maskserve_attach_failed(
     ngx_http_maskserve_region_t *rg, const char *err);
 static ngx_int_t ngx_http_maskserve_attach_done(
@@ -125,10 +127,7 @@ ngx_http_maskserve_attach_exit_process(ngx_cycle_t *cycle,
             ngx_http_maskserve_attach_detach(&rg[i]);
 
         } else if (rg[i].attaching) {
-            rg[i].attaching = 0;
-            ngx_http_maskserve_attach_unwatch(rg[i].conn);
-            rg[i].conn = NULL;
-            msv_detach(&rg[i].att);
+            ngx_http_maskserve_attach_abandon(&rg[i]);
         }
 
         if (rg[i].slots) {
@@ -226,9 +225,7 @@ ngx_http_maskserve_attach_hello_handler(ngx_event_t *ev)
     }
 
     if (rc != 0) {
-        /* msv_attach_finish detached (and closed the socket) already */
-        ngx_http_maskserve_attach_unwatch(rg->conn);
-        rg->conn = NULL;
+        ngx_http_maskserve_attach_abandon(rg);
         ngx_http_maskserve_attach_failed(rg, err);
         ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
         return;
@@ -237,6 +234,18 @@ ngx_http_maskserve_attach_hello_handler(ngx_event_t *ev)
     if (ngx_http_maskserve_attach_done(rg) != NGX_OK) {
         ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);
     }
+}
+
+
+/* Give up an attach in progress (msv_detach is harmless when done). */
+
+static void
+ngx_http_maskserve_attach_abandon(ngx_http_maskserve_region_t *rg)
+{
+    rg->attaching = 0;
+    ngx_http_maskserve_attach_unwatch(rg->conn);
+    rg->conn = NULL;
+    msv_detach(&rg->att);
 }
 
 
@@ -684,10 +693,7 @@ ngx_http_maskserve_attach_retry_handler(ngx_event_t *ev)
         ngx_http_maskserve_attach_hello_handler(rg->conn->read);
 
         if (rg->attaching) {
-            rg->attaching = 0;
-            ngx_http_maskserve_attach_unwatch(rg->conn);
-            rg->conn = NULL;
-            msv_detach(&rg->att);
+            ngx_http_maskserve_attach_abandon(rg);
             ngx_http_maskserve_attach_failed(rg, "no welcome from the "
                                              "worker in time");
             ngx_add_timer(&rg->retry, NGX_HTTP_MASKSERVE_RETRY);

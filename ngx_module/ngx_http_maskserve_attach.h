@@ -15,10 +15,11 @@
 #include "ngx_http_maskserve_module.h"
 
 
-/* the re-attach period, and the heartbeat period */
+/* the re-attach period (ms) */
 #define NGX_HTTP_MASKSERVE_RETRY       500
 /* how long an attach waits for the worker's welcome (without blocking) */
 #define NGX_HTTP_MASKSERVE_WELCOME     10000
+/* the tick (ms): our heartbeat, the worker's liveness, a ring poll */
 #define NGX_HTTP_MASKSERVE_TICK        200
 
 /* consume passes in a row before other events get their turn */

@@ -3,8 +3,8 @@
 # requests wait and finish intact once it runs again, while /health
 # reports it stalled; above the limit they end with an error that says
 # what was seen (no heartbeat for N s), and the worker is attached again
-# once it runs.  The worker's --step-timeout is checked on the command
-# line.
+# once it runs.  The directive's bound and the worker's --step-timeout
+# are checked.
 
 use strict;
 use warnings;
@@ -93,6 +93,17 @@ sub worker0 { my $h = $t->health; $h ? ($h, $h->{workers}[0]) : () }
     my $g = $t->generate(req('after-stall', 5));
     is($g->{status}, 200, 'and serving');
     is(scalar @{ $g->{json}{choices}[0]{token_ids} // [] }, 5, '5 tokens');
+}
+
+# --- the directive's bound
+{
+    my $t2 = MsvTest->new;
+    my $conf = $t2->write_conf(workers => [$w->{name}],
+        http => "    maskserve_worker_stall_timeout 500ms;\n");
+    my $out = `$MsvTest::NGINX -t -p ${\ $t2->dir}/ -c $conf 2>&1`;
+    isnt($? >> 8, 0, 'a stall timeout under 1s fails the configuration');
+    like($out, qr/"maskserve_worker_stall_timeout" must be at least 1s/,
+         '... saying so');
 }
 
 # --- the worker's --step-timeout
