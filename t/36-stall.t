@@ -3,8 +3,9 @@
 # requests wait and finish intact once it runs again, while /health
 # reports it stalled; above the limit they end with an error that says
 # what was seen (no heartbeat for N s), and the worker is attached again
-# once it runs.  The directive's bound and the worker's --step-timeout
-# are checked.
+# once it runs.  A step longer than the limit (a long prefill) keeps the
+# heartbeat beating: busy, not stalled.  The directive's bound and the
+# worker's --step-timeout are checked.
 
 use strict;
 use warnings;
@@ -12,6 +13,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use JSON::PP;
 use Test::More;
+use POSIX ();
 use Time::HiRes qw(time sleep);
 use MsvTest;
 
@@ -93,6 +95,52 @@ sub worker0 { my $h = $t->health; $h ? ($h, $h->{workers}[0]) : () }
     my $g = $t->generate(req('after-stall', 5));
     is($g->{status}, 200, 'and serving');
     is(scalar @{ $g->{json}{choices}[0]{token_ids} // [] }, 5, '5 tokens');
+}
+
+# --- a long step is busy, not stalled: the heartbeat beats through it
+{
+    my $dir = $t->dir;
+    open my $fh, '>', "$dir/long-step.json" or die "$dir/long-step.json: $!";
+    print $fh encode_json({
+        architectures => ['Qwen3ForCausalLM'], model_type => 'qwen3',
+        vocab_size => 4099, hidden_size => 512, intermediate_size => 1536,
+        num_hidden_layers => 8, num_attention_heads => 8,
+        num_key_value_heads => 4, head_dim => 64,
+        max_position_embeddings => 8192, rms_norm_eps => 1e-6,
+        rope_theta => 10000.0, tie_word_embeddings => JSON::PP::false,
+        eos_token_id => 0 });
+    close $fh;
+
+    my $t2 = MsvTest->new;
+    my $big = $t2->start_worker(model => "$dir/long-step.json", slots => 2,
+                                max_model_len => 8192, threads => 1,
+                                args => ['--max-num-batched-tokens', 8192]);
+    $t2->start_nginx(http => "    maskserve_worker_stall_timeout 1s;\n");
+
+    # a prefill in one step, longer each time until it outlasts the limit
+    my ($n, $max_step, $stalled, $ok) = (128, 0, 0, 1);
+    while ($max_step < 1500 && $n <= 4096) {
+        my $bg = $t2->bg(generate => { request_id => "long-$n",
+            token_ids => [map { 1 + $_ % 4000 } 1 .. $n],
+            sampling_params => { max_tokens => 1 } });
+        until (waitpid($bg->{pid}, POSIX::WNOHANG()) == $bg->{pid}) {
+            my $h = $t2->health;
+            my $w0 = $h ? $h->{workers}[0] : {};
+            $max_step = $w0->{step_ms} if ($w0->{step_ms} // 0) > $max_step;
+            $stalled++ if $w0->{stalled};
+            sleep 0.1;
+        }
+        open my $rf, '<', $bg->{file} or die;
+        my $r = decode_json(do { local $/; <$rf> });
+        $ok = 0 unless ($r->{status} // 0) == 200;
+        diag("a prefill of $n tokens: status $r->{status}, longest step "
+             . "seen $max_step ms");
+        $n *= 2;
+    }
+    cmp_ok($max_step, '>=', 1500, 'a step ran longer than the 1s stall limit');
+    ok($ok, 'every long prefill answered 200');
+    is($stalled, 0, 'the worker was never reported stalled meanwhile');
+    unlike($t2->error_log, qr/lost: no heartbeat/, 'nor given up');
 }
 
 # --- the directive's bound
