@@ -53,11 +53,12 @@ $(B)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Ishm -Iworker -DMSV_HAVE_CUDA=1 -c $< -o $@
 
+# rebuilt from scratch: a source that moved away must not linger inside
 $(B)/libmsv_shm.a: $(SHM_OBJ)
-	$(AR) rcs $@ $^
+	rm -f $@ && $(AR) rcs $@ $^
 
 $(B)/libmsv_worker.a: $(WORKER_OBJ) $(CU_OBJ)
-	$(AR) rcs $@ $^
+	rm -f $@ && $(AR) rcs $@ $^
 
 $(B)/maskserve-worker: $(B)/worker/main.o $(LIBS)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)

@@ -14,14 +14,14 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
-#include <yajl/yajl_tree.h>
-
 #include "msv_shm.h"
 #include "msv_region.h"
 #include "msv_slots.h"
 #include "ngx_http_maskserve_module.h"
+#include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_parse.h"
-#include "ngx_http_maskserve_link.h"
+#include "ngx_http_maskserve_attach.h"
+#include "ngx_http_maskserve_route.h"
 #include "ngx_http_maskserve_stream.h"
 #include "ngx_http_maskserve_generate.h"
 #include "ngx_http_maskserve_admin.h"
@@ -39,14 +39,19 @@ static void ngx_http_maskserve_abort_body(ngx_http_request_t *r);
 static ngx_int_t ngx_http_maskserve_abort_local(
     ngx_http_maskserve_main_conf_t *mcf, ngx_str_t *id);
 static void ngx_http_maskserve_abort_redis(void *data, ngx_int_t rc,
-    ngx_str_t *json);
-static ngx_int_t ngx_http_maskserve_in_flight(ngx_http_request_t *r,
-    ngx_str_t *json);
+    ngx_http_maskserve_redis_record_t *rec);
 static ngx_int_t ngx_http_maskserve_aborted(ngx_http_request_t *r,
     ngx_str_t *id);
 static ngx_int_t ngx_http_maskserve_not_found(ngx_http_request_t *r);
 static void ngx_http_maskserve_status_redis(void *data, ngx_int_t rc,
-    ngx_str_t *json);
+    ngx_http_maskserve_redis_record_t *rec);
+static u_char *ngx_http_maskserve_record_json(u_char *p,
+    ngx_http_maskserve_redis_record_t *rec, size_t *lenp);
+static size_t ngx_http_maskserve_json_string(u_char *dst, const u_char *src,
+    size_t len);
+static size_t ngx_http_maskserve_utf8_seq(const u_char *p, const u_char *end);
+static ngx_uint_t ngx_http_maskserve_json_integer(const u_char *p,
+    size_t len);
 static ngx_int_t ngx_http_maskserve_status_local(ngx_http_request_t *r,
     ngx_str_t *id);
 static ngx_int_t ngx_http_maskserve_admin_ctx(ngx_http_request_t *r,
@@ -124,7 +129,8 @@ ngx_http_maskserve_abort_body(ngx_http_request_t *r)
 
 
 static void
-ngx_http_maskserve_abort_redis(void *data, ngx_int_t rc, ngx_str_t *json)
+ngx_http_maskserve_abort_redis(void *data, ngx_int_t rc,
+    ngx_http_maskserve_redis_record_t *rec)
 {
     ngx_http_maskserve_admin_ctx_t  *actx = data;
 
@@ -133,7 +139,11 @@ ngx_http_maskserve_abort_redis(void *data, ngx_int_t rc, ngx_str_t *json)
     r = actx->r;
     actx->handle = NULL;
 
-    if (rc == NGX_OK && ngx_http_maskserve_in_flight(r, json) == NGX_OK) {
+    /* is the request of this record still generating? */
+    if (rc == NGX_OK
+        && (rec->state == NGX_HTTP_MASKSERVE_REQ_ADMITTED
+            || rec->state == NGX_HTTP_MASKSERVE_REQ_RUNNING))
+    {
         ngx_http_maskserve_redis_publish_abort(&actx->id);
         ngx_http_maskserve_stream_finalize(r,
                                  ngx_http_maskserve_aborted(r, &actx->id));
@@ -141,50 +151,6 @@ ngx_http_maskserve_abort_redis(void *data, ngx_int_t rc, ngx_str_t *json)
     }
 
     ngx_http_maskserve_stream_finalize(r, ngx_http_maskserve_not_found(r));
-}
-
-
-/* Is the request of this Redis record still generating? */
-
-static ngx_int_t
-ngx_http_maskserve_in_flight(ngx_http_request_t *r, ngx_str_t *json)
-{
-    char         *z, *state;
-    ngx_int_t     rc;
-    yajl_val      tree, v;
-    const char   *path[] = { "state", NULL };
-
-    z = ngx_pnalloc(r->pool, json->len + 1);
-    if (z == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_memcpy(z, json->data, json->len);
-    z[json->len] = '\0';
-
-    tree = yajl_tree_parse(z, NULL, 0);
-    if (tree == NULL) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "maskserve: unreadable request record from Redis");
-        return NGX_ERROR;
-    }
-
-    rc = NGX_DECLINED;
-
-    v = yajl_tree_get(tree, path, yajl_t_string);
-    if (v) {
-        state = YAJL_GET_STRING(v);
-
-        if (ngx_strcmp(state, "admitted") == 0
-            || ngx_strcmp(state, "running") == 0)
-        {
-            rc = NGX_OK;
-        }
-    }
-
-    yajl_tree_free(tree);
-
-    return rc;
 }
 
 
@@ -197,7 +163,7 @@ ngx_http_maskserve_abort_local(ngx_http_maskserve_main_conf_t *mcf,
     ngx_uint_t                    slot;
     ngx_http_maskserve_region_t  *rg;
 
-    if (ngx_http_maskserve_link_find(mcf, id->data, id->len, &rg, &slot,
+    if (ngx_http_maskserve_route_find(mcf, id->data, id->len, &rg, &slot,
                                      &cookie, &state)
         != NGX_OK)
     {
@@ -297,10 +263,17 @@ ngx_http_maskserve_status_handler(ngx_http_request_t *r)
     id.len = last - p;
 
     if (!ngx_http_maskserve_id_valid(id.data, id.len)) {
-        ngx_http_maskserve_error(&err, NGX_HTTP_BAD_REQUEST,
-                                 NGX_HTTP_MASKSERVE_INVALID, "request_id",
-                                 "the path must end with a request id of 1 "
-                                 "to 128 characters of [A-Za-z0-9._:-]");
+        p = ngx_pnalloc(r->pool, 128);
+        if (p == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        ngx_http_maskserve_set_error(&err, NGX_HTTP_BAD_REQUEST,
+                                     NGX_HTTP_MASKSERVE_INVALID, "request_id",
+                                     p, ngx_snprintf(p, 128, "the path must "
+                                     "end with a request id of 1 to %d "
+                                     "characters of [A-Za-z0-9._:-]",
+                                     MSV_REQ_ID_MAX) - p);
         return ngx_http_maskserve_send_error(r, &err);
     }
 
@@ -327,10 +300,12 @@ ngx_http_maskserve_status_handler(ngx_http_request_t *r)
 
 
 static void
-ngx_http_maskserve_status_redis(void *data, ngx_int_t rc, ngx_str_t *json)
+ngx_http_maskserve_status_redis(void *data, ngx_int_t rc,
+    ngx_http_maskserve_redis_record_t *rec)
 {
     ngx_http_maskserve_admin_ctx_t  *actx = data;
 
+    size_t               len;
     ngx_buf_t           *b;
     ngx_http_request_t  *r;
 
@@ -344,14 +319,18 @@ ngx_http_maskserve_status_redis(void *data, ngx_int_t rc, ngx_str_t *json)
         return;
     }
 
-    b = ngx_create_temp_buf(r->pool, actx->id.len + json->len + 64);
+    (void) ngx_http_maskserve_record_json(NULL, rec, &len);
+
+    b = ngx_create_temp_buf(r->pool, actx->id.len + len + 64);
     if (b == NULL) {
         ngx_http_maskserve_stream_finalize(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
 
     b->last = ngx_sprintf(b->last, "{\"request_id\":\"%V\",\"source\":"
-                          "\"redis\",\"record\":%V}", &actx->id, json);
+                          "\"redis\",\"record\":", &actx->id);
+    b->last = ngx_http_maskserve_record_json(b->last, rec, NULL);
+    *b->last++ = '}';
 
     ngx_http_maskserve_stream_finalize(r,
                                ngx_http_maskserve_send_json(r, NGX_HTTP_OK, b));
@@ -372,7 +351,7 @@ ngx_http_maskserve_status_local(ngx_http_request_t *r, ngx_str_t *id)
     mcf = ngx_http_get_module_main_conf(r, ngx_http_maskserve_module);
 
     if (!mcf->running
-        || ngx_http_maskserve_link_find(mcf, id->data, id->len, &rg, &slot,
+        || ngx_http_maskserve_route_find(mcf, id->data, id->len, &rg, &slot,
                                         &cookie, &state)
            != NGX_OK)
     {
@@ -453,7 +432,7 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
     size_t                             len;
     ngx_int_t                          rc;
     ngx_buf_t                         *b;
-    ngx_uint_t                         i, n, ready;
+    ngx_uint_t                         i, n, ready, stalled;
     const char                        *redis, *status;
     ngx_http_maskserve_err_t           err;
     ngx_http_maskserve_region_t       *rg;
@@ -486,12 +465,17 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
     }
 
     ready = 0;
+    stalled = 0;
 
     for (i = 0; i < n; i++) {
         rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
 
-        if (mcf->running && ngx_http_maskserve_link_ready(rg) == NGX_OK) {
+        if (mcf->running && ngx_http_maskserve_attach_ready(rg) == NGX_OK) {
             ready++;
+        }
+
+        if (mcf->running && ngx_http_maskserve_attach_stalled(rg)) {
+            stalled++;
         }
     }
 
@@ -504,7 +488,7 @@ ngx_http_maskserve_health_handler(ngx_http_request_t *r)
 
     /* a configured Redis that is down degrades, never fails, health */
     status = !ready ? "unavailable"
-             : (ready < n || redis[0] == 'd') ? "degraded" : "ok";
+             : (ready < n || stalled || redis[0] == 'd') ? "degraded" : "ok";
 
     p = b->last;
     p = ngx_sprintf(p, "{\"status\":\"%s\",\"nginx_pid\":%P,\"redis\":\"%s\","
@@ -571,11 +555,15 @@ ngx_http_maskserve_health_region(u_char *p, ngx_http_maskserve_region_t *rg)
     msv_slot_census(c, census);
 
     p = ngx_sprintf(p, ",\"ready\":%s,\"state\":\"%s\",\"pid\":%D,"
-                    "\"generation\":\"%016uxL\",\"heartbeat_age_ms\":%uL,",
-                    ngx_http_maskserve_link_ready(rg) == NGX_OK
+                    "\"generation\":\"%016uxL\",\"heartbeat_age_ms\":%uL,"
+                    "\"stalled\":%s,\"stall_limit_ms\":%uL,\"step_ms\":%uD,",
+                    ngx_http_maskserve_attach_ready(rg) == NGX_OK
                     ? "true" : "false",
                     state < 4 ? states[state] : "unknown", c->worker_pid,
-                    c->generation, age);
+                    c->generation, age,
+                    ngx_http_maskserve_attach_stalled(rg) ? "true" : "false",
+                    ngx_http_maskserve_attach_stall_ns(rg) / 1000000,
+                    atomic_load_explicit(&c->step_ms, memory_order_relaxed));
 
     p = ngx_cpymem(p, "\"model\":\"", 9);
     len = ngx_strnlen((u_char *) c->model, sizeof(c->model));
@@ -603,3 +591,257 @@ ngx_http_maskserve_health_region(u_char *p, ngx_http_maskserve_region_t *rg)
 
     return p;
 }
+
+
+/* fields of a Redis record written as JSON numbers */
+static const char  *ngx_http_maskserve_record_numeric[] = {
+    "pid", "slot", "prompt_tokens", "completion_tokens", "t_admit",
+    "t_update", NULL
+};
+
+
+/* ------------------------------------------------------------------ */
+/* A Redis record as a JSON object                                      */
+
+/*
+ * The JSON object of a record: its numeric fields as numbers, the rest
+ * (cookie included) as strings.  Two passes: length, then bytes.
+ */
+static u_char *
+ngx_http_maskserve_record_json(u_char *p,
+    ngx_http_maskserve_redis_record_t *rec, size_t *lenp)
+{
+    size_t         len;
+    ngx_uint_t     i, k, num;
+    ngx_keyval_t  *f;
+
+    len = sizeof("{}") - 1;
+
+    if (p != NULL) {
+        *p++ = '{';
+    }
+
+    for (i = 0; i < rec->nfields; i++) {
+        f = &rec->fields[i];
+
+        num = 0;
+        for (k = 0; ngx_http_maskserve_record_numeric[k] != NULL; k++) {
+            if (f->key.len == ngx_strlen(ngx_http_maskserve_record_numeric[k])
+                && ngx_strncmp(f->key.data,
+                               ngx_http_maskserve_record_numeric[k],
+                               f->key.len) == 0)
+            {
+                num = ngx_http_maskserve_json_integer(f->value.data,
+                                                      f->value.len);
+                break;
+            }
+        }
+
+        if (p == NULL) {
+            len += (i ? 1 : 0) + 2
+                   + ngx_http_maskserve_json_string(NULL, f->key.data,
+                                                    f->key.len)
+                   + 1;
+            len += num ? f->value.len
+                       : 2 + ngx_http_maskserve_json_string(NULL,
+                                                            f->value.data,
+                                                            f->value.len);
+            continue;
+        }
+
+        if (i) {
+            *p++ = ',';
+        }
+
+        *p++ = '"';
+        p += ngx_http_maskserve_json_string(p, f->key.data, f->key.len);
+        *p++ = '"';
+        *p++ = ':';
+
+        if (num) {
+            p = ngx_cpymem(p, f->value.data, f->value.len);
+
+        } else {
+            *p++ = '"';
+            p += ngx_http_maskserve_json_string(p, f->value.data,
+                                                f->value.len);
+            *p++ = '"';
+        }
+    }
+
+    if (p != NULL) {
+        *p++ = '}';
+    }
+
+    if (lenp) {
+        *lenp = len;
+    }
+
+    return p;
+}
+
+
+/*
+ * The body of a JSON string (no quotes) for len bytes at src; returns its
+ * length, and writes it to dst unless dst is NULL.  Bytes that are not
+ * valid UTF-8 become U+FFFD.
+ */
+static size_t
+ngx_http_maskserve_json_string(u_char *dst, const u_char *src, size_t len)
+{
+    u_char         c, esc;
+    size_t         n, seq;
+    const u_char  *end;
+
+    static const u_char  hex[] = "0123456789abcdef";
+
+    n = 0;
+    end = src + len;
+
+    while (src < end) {
+        c = *src;
+
+        if (c >= 0x80) {
+            seq = ngx_http_maskserve_utf8_seq(src, end);
+
+            if (seq == 0) {
+                if (dst) {
+                    dst = ngx_cpymem(dst, "\\ufffd", 6);
+                }
+
+                n += 6;
+                src++;
+                continue;
+            }
+
+            if (dst) {
+                dst = ngx_cpymem(dst, src, seq);
+            }
+
+            n += seq;
+            src += seq;
+            continue;
+        }
+
+        src++;
+
+        /* the letter after a backslash, for characters that have one */
+        switch (c) {
+        case '"':  esc = '"'; break;
+        case '\\': esc = '\\'; break;
+        case '\n': esc = 'n'; break;
+        case '\r': esc = 'r'; break;
+        case '\t': esc = 't'; break;
+        case '\b': esc = 'b'; break;
+        case '\f': esc = 'f'; break;
+        default:   esc = '\0';
+        }
+
+        if (esc != '\0') {
+            if (dst) {
+                *dst++ = '\\';
+                *dst++ = esc;
+            }
+
+            n += 2;
+
+        } else if (c < 0x20) {
+            if (dst) {
+                dst = ngx_cpymem(dst, "\\u00", 4);
+                *dst++ = hex[c >> 4];
+                *dst++ = hex[c & 0xf];
+            }
+
+            n += 6;
+
+        } else {
+            if (dst) {
+                *dst++ = c;
+            }
+
+            n++;
+        }
+    }
+
+    return n;
+}
+
+
+/* length of the valid UTF-8 sequence at p (first byte >= 0x80), or 0 */
+static size_t
+ngx_http_maskserve_utf8_seq(const u_char *p, const u_char *end)
+{
+    size_t  n, i;
+    u_char  c, lo, hi;
+
+    c = p[0];
+    lo = 0x80;
+    hi = 0xbf;
+
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        if (c == 0xe0) {
+            lo = 0xa0;          /* no overlong forms */
+        } else if (c == 0xed) {
+            hi = 0x9f;          /* no surrogates */
+        }
+
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        if (c == 0xf0) {
+            lo = 0x90;
+        } else if (c == 0xf4) {
+            hi = 0x8f;          /* nothing above U+10FFFF */
+        }
+
+    } else {
+        return 0;
+    }
+
+    if ((size_t) (end - p) < n) {
+        return 0;
+    }
+
+    if (p[1] < lo || p[1] > hi) {
+        return 0;
+    }
+
+    for (i = 2; i < n; i++) {
+        if (p[i] < 0x80 || p[i] > 0xbf) {
+            return 0;
+        }
+    }
+
+    return n;
+}
+
+
+/* 1 when p is a JSON integer that a double holds exactly */
+static ngx_uint_t
+ngx_http_maskserve_json_integer(const u_char *p, size_t len)
+{
+    size_t  i;
+
+    i = (len > 0 && p[0] == '-') ? 1 : 0;
+
+    if (len - i == 0 || len - i > 15) {
+        return 0;
+    }
+
+    if (p[i] == '0' && len - i > 1) {
+        return 0;
+    }
+
+    for ( /* void */ ; i < len; i++) {
+        if (p[i] < '0' || p[i] > '9') {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+

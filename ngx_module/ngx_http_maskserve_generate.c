@@ -22,8 +22,9 @@
 
 #include "msv_shm.h"
 #include "ngx_http_maskserve_module.h"
+#include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_parse.h"
-#include "ngx_http_maskserve_link.h"
+#include "ngx_http_maskserve_route.h"
 #include "ngx_http_maskserve_output.h"
 #include "ngx_http_maskserve_stream.h"
 #include "ngx_http_maskserve_generate.h"
@@ -169,7 +170,7 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
         goto fail;
     }
 
-    rg = ngx_http_maskserve_link_pick(mcf, lcf, &err);
+    rg = ngx_http_maskserve_route_pick(mcf, lcf, &err);
     if (rg == NULL) {
         goto fail;
     }
@@ -186,7 +187,7 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
     }
 
     if (g.request_id.len) {
-        if (ngx_http_maskserve_link_find(mcf, g.request_id.data,
+        if (ngx_http_maskserve_route_find(mcf, g.request_id.data,
                                          g.request_id.len, &other, &slot,
                                          &cookie, &state)
             == NGX_OK)
@@ -233,7 +234,7 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
     ngx_http_set_ctx(r, ctx, ngx_http_maskserve_module);
 
     for (tries = 0; /* void */ ; tries++) {
-        rc = ngx_http_maskserve_link_submit(rg, ctx, &g);
+        rc = ngx_http_maskserve_route_submit(rg, ctx, &g);
 
         if (rc == NGX_OK) {
             break;
@@ -248,7 +249,7 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
             goto fail;
         }
 
-        other = ngx_http_maskserve_link_pick(mcf, lcf, &err);
+        other = ngx_http_maskserve_route_pick(mcf, lcf, &err);
         if (other == NULL) {
             goto fail;
         }
@@ -277,7 +278,8 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
                    (int) ctx->stream);
 
     ngx_http_maskserve_redis_req_update(&ctx->id, &rg->name, ctx->slot,
-                                        ctx->cookie, "admitted",
+                                        ctx->cookie,
+                                        NGX_HTTP_MASKSERVE_REQ_ADMITTED,
                                         ctx->prompt_tokens, 0, NULL);
 
     ngx_http_maskserve_stream_start(ctx);
@@ -345,11 +347,12 @@ ngx_http_maskserve_generate_cleanup(void *data)
                       "maskserve: request \"%V\" cancelled after %ui tokens "
                       "(client gone)", &ctx->id, ctx->completion_tokens);
 
-        ngx_http_maskserve_link_cancel(ctx);
+        ngx_http_maskserve_route_cancel(ctx);
 
         ngx_http_maskserve_redis_req_update(&ctx->id, &ctx->region->name,
                                             ctx->slot, ctx->cookie,
-                                            "aborted", ctx->prompt_tokens,
+                                            NGX_HTTP_MASKSERVE_REQ_ABORTED,
+                                            ctx->prompt_tokens,
                                             ctx->completion_tokens, "abort");
     }
 

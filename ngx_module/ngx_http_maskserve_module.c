@@ -13,7 +13,8 @@
 
 #include "msv_region.h"
 #include "ngx_http_maskserve_module.h"
-#include "ngx_http_maskserve_link.h"
+#include "ngx_http_maskserve_attach.h"
+#include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_generate.h"
 #include "ngx_http_maskserve_admin.h"
 #include "ngx_http_maskserve_redis.h"
@@ -28,16 +29,16 @@ static char *ngx_http_maskserve_merge_loc_conf(ngx_conf_t *cf, void *parent,
 static ngx_int_t ngx_http_maskserve_init_process(ngx_cycle_t *cycle);
 static void ngx_http_maskserve_exit_process(ngx_cycle_t *cycle);
 
-static char *ngx_http_maskserve_worker(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
-static char *ngx_http_maskserve_handler_set(ngx_conf_t *cf,
+static char *ngx_http_maskserve_conf_worker(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
-static char *ngx_http_maskserve_max_support(ngx_conf_t *cf,
+static char *ngx_http_maskserve_conf_handler_set(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
-static char *ngx_http_maskserve_stream_flush(ngx_conf_t *cf,
+static char *ngx_http_maskserve_conf_max_support(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
-static char *ngx_http_maskserve_redis(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf);
+static char *ngx_http_maskserve_conf_stream_flush(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_maskserve_conf_redis(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 
 static ngx_int_t ngx_http_maskserve_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
@@ -59,35 +60,35 @@ static ngx_command_t  ngx_http_maskserve_commands[] = {
 
     { ngx_string("maskserve_worker"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_maskserve_worker,
+      ngx_http_maskserve_conf_worker,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
 
     { ngx_string("maskserve_generate"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
-      ngx_http_maskserve_handler_set,
+      ngx_http_maskserve_conf_handler_set,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       (void *) ngx_http_maskserve_generate_handler },
 
     { ngx_string("maskserve_abort"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
-      ngx_http_maskserve_handler_set,
+      ngx_http_maskserve_conf_handler_set,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       (void *) ngx_http_maskserve_abort_handler },
 
     { ngx_string("maskserve_request_status"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
-      ngx_http_maskserve_handler_set,
+      ngx_http_maskserve_conf_handler_set,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       (void *) ngx_http_maskserve_status_handler },
 
     { ngx_string("maskserve_health"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
-      ngx_http_maskserve_handler_set,
+      ngx_http_maskserve_conf_handler_set,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       (void *) ngx_http_maskserve_health_handler },
@@ -99,16 +100,23 @@ static ngx_command_t  ngx_http_maskserve_commands[] = {
       offsetof(ngx_http_maskserve_loc_conf_t, max_prompt),
       NULL },
 
+    { ngx_string("maskserve_worker_stall_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_http_maskserve_main_conf_t, stall_timeout),
+      NULL },
+
     { ngx_string("maskserve_max_support"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_http_maskserve_max_support,
+      ngx_http_maskserve_conf_max_support,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
 
     { ngx_string("maskserve_stream_flush"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
-      ngx_http_maskserve_stream_flush,
+      ngx_http_maskserve_conf_stream_flush,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -122,7 +130,7 @@ static ngx_command_t  ngx_http_maskserve_commands[] = {
 
     { ngx_string("maskserve_redis"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
-      ngx_http_maskserve_redis,
+      ngx_http_maskserve_conf_redis,
       NGX_HTTP_MAIN_CONF_OFFSET,
       0,
       NULL },
@@ -258,6 +266,7 @@ ngx_http_maskserve_create_main_conf(ngx_conf_t *cf)
     mcf->redis.db = NGX_CONF_UNSET;
     mcf->redis.req_ttl = NGX_CONF_UNSET_MSEC;
     mcf->redis_on = NGX_CONF_UNSET;
+    mcf->stall_timeout = NGX_CONF_UNSET_MSEC;
 
     return mcf;
 }
@@ -269,12 +278,29 @@ ngx_http_maskserve_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_http_maskserve_main_conf_t  *mcf = conf;
 
     ngx_conf_init_value(mcf->redis_on, 0);
+    ngx_conf_init_msec_value(mcf->stall_timeout,
+                             MSV_HEARTBEAT_STALE_NS / 1000000);
+
+    if (mcf->stall_timeout < 1000) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"maskserve_worker_stall_timeout\" must be at "
+                           "least 1s: the worker beats every 100ms and a "
+                           "heartbeat is late after %uLms",
+                           (uint64_t) (MSV_HEARTBEAT_LATE_NS / 1000000));
+        return NGX_CONF_ERROR;
+    }
     ngx_conf_init_value(mcf->redis.port, 6379);
     ngx_conf_init_value(mcf->redis.db, 0);
     ngx_conf_init_msec_value(mcf->redis.req_ttl, 3600 * 1000);
 
     if (mcf->redis.prefix.len == 0) {
         ngx_str_set(&mcf->redis.prefix, "msv");
+    }
+
+    if (mcf->redis_on
+        && ngx_http_maskserve_redis_resolve(cf, &mcf->redis) != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
     }
 
     if (mcf->used && mcf->regions.nelts == 0) {
@@ -344,7 +370,7 @@ ngx_http_maskserve_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
 
 static char *
-ngx_http_maskserve_worker(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_maskserve_conf_worker(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_maskserve_loc_conf_t  *lcf = conf;
 
@@ -413,7 +439,7 @@ ngx_http_maskserve_worker(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
 
 static char *
-ngx_http_maskserve_handler_set(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_maskserve_conf_handler_set(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ngx_http_core_loc_conf_t        *clcf;
@@ -435,7 +461,7 @@ ngx_http_maskserve_handler_set(ngx_conf_t *cf, ngx_command_t *cmd,
 
 
 static char *
-ngx_http_maskserve_max_support(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_maskserve_conf_max_support(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ngx_http_maskserve_loc_conf_t  *lcf = conf;
@@ -469,7 +495,7 @@ ngx_http_maskserve_max_support(ngx_conf_t *cf, ngx_command_t *cmd,
 
 
 static char *
-ngx_http_maskserve_stream_flush(ngx_conf_t *cf, ngx_command_t *cmd,
+ngx_http_maskserve_conf_stream_flush(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ngx_http_maskserve_loc_conf_t  *lcf = conf;
@@ -512,7 +538,7 @@ ngx_http_maskserve_stream_flush(ngx_conf_t *cf, ngx_command_t *cmd,
 
 
 static char *
-ngx_http_maskserve_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_maskserve_conf_redis(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_maskserve_main_conf_t  *mcf = conf;
 
@@ -600,7 +626,7 @@ ngx_http_maskserve_init_process(ngx_cycle_t *cycle)
                                          ngx_http_maskserve_abort_local_id);
     }
 
-    return ngx_http_maskserve_link_init_process(cycle, mcf);
+    return ngx_http_maskserve_attach_init_process(cycle, mcf);
 }
 
 
@@ -614,7 +640,7 @@ ngx_http_maskserve_exit_process(ngx_cycle_t *cycle)
         return;
     }
 
-    ngx_http_maskserve_link_exit_process(cycle, mcf);
+    ngx_http_maskserve_attach_exit_process(cycle, mcf);
 
     if (mcf->redis_on) {
         ngx_http_maskserve_redis_exit_process(cycle);
@@ -628,41 +654,6 @@ ngx_http_maskserve_main_conf_t *
 ngx_http_maskserve_process_conf(void)
 {
     return ngx_http_maskserve_process_mcf;
-}
-
-
-ngx_http_maskserve_region_t *
-ngx_http_maskserve_region(ngx_http_maskserve_main_conf_t *mcf, ngx_uint_t i)
-{
-    ngx_http_maskserve_region_t  *rg;
-
-    rg = mcf->regions.elts;
-
-    return &rg[i];
-}
-
-
-ngx_uint_t
-ngx_http_maskserve_loc_nregions(ngx_http_maskserve_main_conf_t *mcf,
-    ngx_http_maskserve_loc_conf_t *lcf)
-{
-    return lcf->regions ? lcf->regions->nelts : mcf->regions.nelts;
-}
-
-
-ngx_http_maskserve_region_t *
-ngx_http_maskserve_loc_region(ngx_http_maskserve_main_conf_t *mcf,
-    ngx_http_maskserve_loc_conf_t *lcf, ngx_uint_t i)
-{
-    ngx_uint_t  *idx;
-
-    if (lcf->regions == NULL) {
-        return ngx_http_maskserve_region(mcf, i);
-    }
-
-    idx = lcf->regions->elts;
-
-    return ngx_http_maskserve_region(mcf, idx[i]);
 }
 
 
@@ -752,108 +743,4 @@ found:
     v->not_found = 0;
 
     return NGX_OK;
-}
-
-
-void
-ngx_http_maskserve_set_error(ngx_http_maskserve_err_t *err,
-    ngx_uint_t status, const char *type, const char *param, u_char *message,
-    size_t len)
-{
-    err->status = status;
-    err->type = type;
-    err->param = param;
-    err->message.data = message;
-    err->message.len = len;
-}
-
-
-ngx_int_t
-ngx_http_maskserve_send_error(ngx_http_request_t *r,
-    ngx_http_maskserve_err_t *err)
-{
-    u_char           *p;
-    size_t            len, mlen, plen;
-    ngx_buf_t        *b;
-    ngx_table_elt_t  *h;
-
-    mlen = ngx_escape_json(NULL, err->message.data, err->message.len);
-    plen = err->param ? ngx_strlen(err->param) : 0;
-
-    len = sizeof("{\"error\":{\"message\":\"") - 1 + err->message.len + mlen
-          + sizeof("\",\"type\":\"") - 1 + ngx_strlen(err->type)
-          + sizeof("\",\"param\":\"") - 1 + plen
-          + sizeof("\",\"code\":}}\n") - 1 + NGX_INT_T_LEN;
-
-    b = ngx_create_temp_buf(r->pool, len);
-    if (b == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    p = b->last;
-    p = ngx_cpymem(p, "{\"error\":{\"message\":\"",
-                   sizeof("{\"error\":{\"message\":\"") - 1);
-    p = (u_char *) ngx_escape_json(p, err->message.data, err->message.len);
-    p = ngx_sprintf(p, "\",\"type\":\"%s\",\"param\":", err->type);
-
-    if (err->param) {
-        p = ngx_sprintf(p, "\"%s\"", err->param);
-
-    } else {
-        p = ngx_cpymem(p, "null", 4);
-    }
-
-    p = ngx_sprintf(p, ",\"code\":%ui}}\n", err->status);
-    b->last = p;
-
-    if (err->status == NGX_HTTP_NOT_ALLOWED
-        || err->status == NGX_HTTP_SERVICE_UNAVAILABLE)
-    {
-        h = ngx_list_push(&r->headers_out.headers);
-        if (h == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        h->hash = 1;
-
-        if (err->status == NGX_HTTP_NOT_ALLOWED) {
-            ngx_str_set(&h->key, "Allow");
-            ngx_str_set(&h->value, "POST");
-
-        } else {
-            ngx_str_set(&h->key, "Retry-After");
-            ngx_str_set(&h->value, "1");
-        }
-    }
-
-    return ngx_http_maskserve_send_json(r, err->status, b);
-}
-
-
-ngx_int_t
-ngx_http_maskserve_send_json(ngx_http_request_t *r, ngx_uint_t status,
-    ngx_buf_t *b)
-{
-    ngx_int_t    rc;
-    ngx_chain_t  out;
-
-    r->headers_out.status = status;
-    r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
 }

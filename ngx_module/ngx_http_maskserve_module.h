@@ -5,7 +5,7 @@
  *
  * A location names the worker regions it uses (maskserve_worker).  Every
  * nginx worker process attaches to each region once (see
- * ngx_http_maskserve_link.c), reads every row the maskserve worker
+ * ngx_http_maskserve_attach.c), reads every row the maskserve worker
  * publishes and hands the rows of its own requests to their contexts,
  * which format them straight into output buffers.
  */
@@ -88,6 +88,7 @@ typedef struct {
     ngx_http_maskserve_redis_conf_t  redis;
     ngx_flag_t                     redis_on;
     ngx_flag_t                     used;     /* a handler is configured */
+    ngx_msec_t                     stall_timeout; /* no heartbeat: lost */
 
     /* per process */
     ngx_event_t                    tick;     /* heartbeat and registry */
@@ -189,39 +190,8 @@ struct ngx_http_maskserve_ctx_s {
 extern ngx_module_t  ngx_http_maskserve_module;
 
 
-ngx_http_maskserve_region_t *ngx_http_maskserve_region(
-    ngx_http_maskserve_main_conf_t *mcf, ngx_uint_t i);
-
 /* The process's main conf once init_process ran, else NULL. */
 ngx_http_maskserve_main_conf_t *ngx_http_maskserve_process_conf(void);
-
-/* The regions a location serves: its maskserve_worker list, else all. */
-ngx_uint_t ngx_http_maskserve_loc_nregions(
-    ngx_http_maskserve_main_conf_t *mcf, ngx_http_maskserve_loc_conf_t *lcf);
-ngx_http_maskserve_region_t *ngx_http_maskserve_loc_region(
-    ngx_http_maskserve_main_conf_t *mcf, ngx_http_maskserve_loc_conf_t *lcf,
-    ngx_uint_t i);
-
-/* Send b as a JSON answer and return what finalize expects. */
-ngx_int_t ngx_http_maskserve_send_json(ngx_http_request_t *r,
-    ngx_uint_t status, ngx_buf_t *b);
-
-/* Send a JSON error answer and return what finalize expects. */
-ngx_int_t ngx_http_maskserve_send_error(ngx_http_request_t *r,
-    ngx_http_maskserve_err_t *err);
-
-/* Fill err; message is a static string or one allocated in a pool. */
-void ngx_http_maskserve_set_error(ngx_http_maskserve_err_t *err,
-    ngx_uint_t status, const char *type, const char *param,
-    u_char *message, size_t len);
-
-#define ngx_http_maskserve_error(err, st, type, param, msg)                  \
-    ngx_http_maskserve_set_error(err, st, type, param, (u_char *) msg,       \
-                                 sizeof(msg) - 1)
-
-#define NGX_HTTP_MASKSERVE_INVALID   "invalid_request_error"
-#define NGX_HTTP_MASKSERVE_SERVER    "server_error"
-#define NGX_HTTP_MASKSERVE_OVERLOAD  "overloaded"
 
 
 #endif /* NGX_HTTP_MASKSERVE_MODULE_H */

@@ -23,6 +23,7 @@
 #include "msv_json.h"
 #include "msv_b64.h"
 #include "ngx_http_maskserve_module.h"
+#include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_output.h"
 
 
@@ -111,14 +112,6 @@ ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
     if (w->token < 0) {
         /* an abort row carries nothing */
         return NGX_OK;
-    }
-
-    if (w->bytes < msv_row_size(w->n_support, w->n_lps, w->n_top)) {
-        return ngx_http_maskserve_fail_row(ctx,
-                                           NGX_HTTP_INTERNAL_SERVER_ERROR,
-                                           NGX_HTTP_MASKSERVE_SERVER, NULL,
-                                           "malformed row from the worker "
-                                           "(%uD bytes)", w->bytes);
     }
 
     ch = &ctx->choices[0];

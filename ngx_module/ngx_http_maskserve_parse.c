@@ -28,6 +28,7 @@
 
 #include "msv_params.h"
 #include "ngx_http_maskserve_module.h"
+#include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_parse.h"
 
 

@@ -24,6 +24,7 @@
 
 typedef struct {
     ngx_str_t    host;       /* address, name, or "unix:/path" */
+    ngx_str_t    addr;       /* host's numeric address, see _resolve */
     ngx_int_t    port;
     ngx_str_t    password;   /* AUTH on connect when not empty */
     ngx_int_t    db;         /* SELECT on connect when > 0 */
@@ -32,6 +33,13 @@ typedef struct {
     ngx_str_t    hostname;   /* this host in keys; gethostname() if empty */
 } ngx_http_maskserve_redis_conf_t;
 
+
+/*
+ * Resolve rcf->host into rcf->addr at configuration time (nothing for a
+ * unix socket); logs and returns NGX_CONF_ERROR when the name is unknown.
+ */
+char *ngx_http_maskserve_redis_resolve(ngx_conf_t *cf,
+    ngx_http_maskserve_redis_conf_t *rcf);
 
 /*
  * Per-process life cycle, called from the module's init_process and
@@ -56,30 +64,47 @@ void ngx_http_maskserve_redis_worker_update(ngx_str_t *region,
     ngx_uint_t capacity, ngx_uint_t load, uint64_t generation,
     ngx_int_t alive);
 
+/* The "state" field of a request's key. */
+typedef enum {
+    NGX_HTTP_MASKSERVE_REQ_ADMITTED = 0,
+    NGX_HTTP_MASKSERVE_REQ_RUNNING,
+    NGX_HTTP_MASKSERVE_REQ_FINISHED,        /* this and later: terminal */
+    NGX_HTTP_MASKSERVE_REQ_ABORTED,
+    NGX_HTTP_MASKSERVE_REQ_UNKNOWN          /* a record: absent, or other */
+} ngx_http_maskserve_req_state_e;
+
 /*
- * Request metadata: HSET <prefix>:req:<id> + PEXPIRE req_ttl.  state is
- * one of "admitted", "running", "finished", "aborted"; finish may be NULL
- * (no finish reason yet).  The strings are copied.  t_admit is taken when
- * a request id is first seen, t_update on every call.
+ * Request metadata: HSET <prefix>:req:<id> + PEXPIRE req_ttl.  finish may
+ * be NULL (no finish reason yet).  The strings are copied.  t_admit is
+ * taken when a request id is first seen, t_update on every call.
  */
 void ngx_http_maskserve_redis_req_update(ngx_str_t *id, ngx_str_t *region,
-    ngx_uint_t slot, uint64_t cookie, const char *state,
+    ngx_uint_t slot, uint64_t cookie, ngx_http_maskserve_req_state_e state,
     ngx_uint_t prompt_tokens, ngx_uint_t completion_tokens,
     const char *finish);
 
 /*
+ * A request's key as HGETALL returned it: every field in Redis's order
+ * (the strings are raw bytes, not NUL-terminated), and its state.
+ */
+typedef struct {
+    ngx_http_maskserve_req_state_e  state;
+    ngx_keyval_t                   *fields;
+    ngx_uint_t                      nfields;
+} ngx_http_maskserve_redis_record_t;
+
+/*
  * HGETALL <prefix>:req:<id>.  The callback runs later from the event
  * loop, never from inside req_get, with rc:
- *   NGX_OK        json is a JSON object of the key's fields (numeric
- *                 fields as numbers, the rest, cookie included, as
- *                 strings); valid only during the callback;
- *   NGX_DECLINED  no such key (json NULL);
- *   NGX_ERROR     Redis down, timed out or answered an error (json NULL).
+ *   NGX_OK        rec holds the key's fields, valid only during the
+ *                 callback;
+ *   NGX_DECLINED  no such key (rec NULL);
+ *   NGX_ERROR     Redis down, timed out or answered an error (rec NULL).
  * Returns a handle for ngx_http_maskserve_redis_cancel, or NULL when out
  * of memory (the callback will not run).
  */
 typedef void (*ngx_http_maskserve_redis_get_pt)(void *data, ngx_int_t rc,
-    ngx_str_t *json);
+    ngx_http_maskserve_redis_record_t *rec);
 
 void *ngx_http_maskserve_redis_req_get(ngx_str_t *id,
     ngx_http_maskserve_redis_get_pt cb, void *data);

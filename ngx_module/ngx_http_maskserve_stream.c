@@ -23,7 +23,7 @@
 #include <ngx_http.h>
 
 #include "ngx_http_maskserve_module.h"
-#include "ngx_http_maskserve_link.h"
+#include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_output.h"
 #include "ngx_http_maskserve_stream.h"
 #include "ngx_http_maskserve_redis.h"
@@ -265,7 +265,8 @@ ngx_http_maskserve_stream_finish(ngx_http_maskserve_ctx_t *ctx)
         ngx_http_maskserve_redis_req_update(&ctx->id, &rg->name, ctx->slot,
             ctx->cookie,
             (ctx->err.status || ctx->finish == MSV_FINISH_ABORT)
-                ? "aborted" : "finished",
+                ? NGX_HTTP_MASKSERVE_REQ_ABORTED
+                : NGX_HTTP_MASKSERVE_REQ_FINISHED,
             ctx->prompt_tokens, ctx->completion_tokens,
             ctx->err.status ? "error"
                             : (ctx->finish <= MSV_FINISH_ABORT

@@ -786,11 +786,12 @@ msv_attachment_check(struct msv_attachment *a)
     int               fd, replaced;
     char              b;
     ssize_t           n;
-    uint64_t          now, hb, gen;
+    uint64_t          now, hb, gen, stall;
     struct stat       now_st, our_st;
     struct msv_ctrl  *c = a->rg.ctrl;
 
     if (c == NULL || a->conn_fd < 0) {
+        snprintf(a->lost, sizeof(a->lost), "not attached");
         return -1;
     }
 
@@ -799,25 +800,36 @@ msv_attachment_check(struct msv_attachment *a)
         || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK
             && errno != EINTR))
     {
-        return -1;      /* the worker closed its end: gone */
+        snprintf(a->lost, sizeof(a->lost), "the worker closed its socket");
+        return -1;
     }
 
     if (atomic_load_explicit(&a->cons.me->state, memory_order_relaxed)
         != a->cons.word)
     {
-        return -1;      /* evicted */
+        snprintf(a->lost, sizeof(a->lost),
+                 "the worker evicted this reader");
+        return -1;
     }
     if (atomic_load_explicit(&c->state, memory_order_relaxed)
         == MSV_WORKER_STOPPED)
     {
+        snprintf(a->lost, sizeof(a->lost), "the worker stopped");
         return -1;
     }
     if (!msv_pid_alive(c->worker_pid)) {
+        snprintf(a->lost, sizeof(a->lost), "the worker (pid %d) is gone",
+                 (int) c->worker_pid);
         return -1;
     }
     now = msv_now_ns();
     hb = atomic_load_explicit(&c->heartbeat_ns, memory_order_relaxed);
-    if (now > hb && now - hb > MSV_HEARTBEAT_STALE_NS) {
+    stall = a->stall_ns ? a->stall_ns : MSV_HEARTBEAT_STALE_NS;
+    if (now > hb && now - hb > stall) {
+        snprintf(a->lost, sizeof(a->lost),
+                 "no heartbeat from the worker (pid %d) for %.1f s, the "
+                 "stall limit is %.1f s", (int) c->worker_pid,
+                 (double) (now - hb) / 1e9, (double) stall / 1e9);
         return -1;
     }
 
@@ -827,7 +839,11 @@ msv_attachment_check(struct msv_attachment *a)
      */
     fd = shm_open(a->rg.name, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0) {
-        return errno == ENOENT ? -1 : 0;   /* EMFILE and such: no verdict */
+        if (errno != ENOENT) {
+            return 0;                       /* EMFILE and such: no verdict */
+        }
+        snprintf(a->lost, sizeof(a->lost), "the region was removed");
+        return -1;
     }
     gen = 0;
     replaced = fstat(fd, &now_st) == 0 && fstat(a->rg.fd, &our_st) == 0
@@ -837,6 +853,8 @@ msv_attachment_check(struct msv_attachment *a)
     close(fd);
 
     if (replaced || (n == (ssize_t) sizeof(gen) && gen != a->generation)) {
+        snprintf(a->lost, sizeof(a->lost),
+                 "the worker was replaced by a new one");
         return -1;
     }
     return 0;

@@ -16,9 +16,6 @@
 extern "C" {
 #endif
 
-/* A worker or reader whose heartbeat is older than this is gone. */
-#define MSV_HEARTBEAT_STALE_NS  3000000000ULL
-
 /* How long msv_attach waits for the worker's welcome. */
 #define MSV_ATTACH_TIMEOUT_MS   2000
 
@@ -73,6 +70,8 @@ struct msv_attachment {
     int                  conn_fd;    /* EOF/error: the worker is gone */
     int                  wake_fd;    /* ours: readable when rows arrive */
     int                  kick_fd;    /* the worker's: write after submit */
+    uint64_t             stall_ns;   /* 0: MSV_HEARTBEAT_STALE_NS */
+    char                 lost[128];  /* why msv_attachment_check said -1 */
 };
 
 /*
@@ -107,9 +106,11 @@ void msv_detach(struct msv_attachment *a);
 /*
  * Reader: is the worker we attached to still the one in charge?  0 yes;
  * -1 it died or was replaced, or evicted us: connection EOF or error, our
- * entry no longer ours, worker STOPPED, worker pid gone, heartbeat older
- * than MSV_HEARTBEAT_STALE_NS, or the name now holds another generation
- * (or none).  Costs a few syscalls; call it from a timer.
+ * entry no longer ours, worker STOPPED, worker pid gone, no heartbeat for
+ * longer than a->stall_ns (MSV_HEARTBEAT_STALE_NS when 0), or the name now
+ * holds another generation (or none); a->lost then says which, as seen
+ * ("no heartbeat from the worker for 10.2 s").  Costs a few syscalls;
+ * call it from a timer.
  */
 int msv_attachment_check(struct msv_attachment *a);
 

@@ -55,6 +55,19 @@ extern "C" {
 #define MSV_MAX_LOGPROBS     1024    /* hard cap on sampling_params.logprobs */
 #define MSV_MAX_READERS      64
 #define MSV_REQ_ID_MAX       128     /* request id, without the NUL */
+
+/*
+ * Liveness.  The worker's heartbeat thread beats every ~100 ms while the
+ * worker is alive: between steps, and during a step however long it runs
+ * (up to the worker's --step-timeout).  A heartbeat older than
+ * MSV_HEARTBEAT_LATE_NS is late (the worker is stalled: stopped, swapped
+ * out, hung); older than MSV_HEARTBEAT_STALE_NS (the default of nginx's
+ * maskserve_worker_stall_timeout) the worker is given up and its requests
+ * fail.  Readers beat too; the worker evicts readers with its own
+ * --reader-timeout.
+ */
+#define MSV_HEARTBEAT_LATE_NS   1000000000ULL
+#define MSV_HEARTBEAT_STALE_NS  10000000000ULL
 #define MSV_NAME_MAX         64      /* region name, without the NUL */
 #define MSV_SOCK_PATH_MAX    108     /* sizeof sun_path */
 
@@ -112,7 +125,7 @@ struct msv_ctrl {
     alignas(MSV_CACHELINE)
     MSV_ATOMIC(uint64_t) heartbeat_ns;  /* CLOCK_MONOTONIC, every ~100ms */
     MSV_ATOMIC(uint32_t) state;         /* enum msv_worker_state */
-    uint32_t  _pad3;
+    MSV_ATOMIC(uint32_t) step_ms;       /* the running step's age; 0: none */
 
     /* statistics, relaxed, for /health and benchmarks */
     MSV_ATOMIC(uint64_t) steps;

@@ -14,7 +14,9 @@
 #   - abort by id over pub/sub: a PUBLISH on <prefix>:abort, and a second
 #     nginx that does not see the worker region asking through Redis;
 #   - AUTH and SELECT against a password-protected Redis, and a wrong
-#     password that keeps Redis down without disturbing generation.
+#     password that keeps Redis down without disturbing generation;
+#   - the host name resolved at configuration time (an unknown one is a
+#     configuration error).
 
 use strict;
 use warnings;
@@ -384,6 +386,27 @@ ok(MsvTest::wait_for(sub { redis_state($t3) eq 'down' }, 10),
 $r = $t3->generate(req('t35-wrongpass', 10));
 is($r->{status}, 200, 'generate with the wrong Redis password');
 $t3->stop_nginx;
+
+# ------------------------------------------- names resolved at config time
+
+# The Redis host is resolved when nginx reads its configuration, not in
+# the worker processes: a name resolves (localhost), an unknown one is a
+# configuration error, and either way no worker process waits on DNS.
+{
+    my $t4 = MsvTest->new;
+    my $conf = $t4->write_conf(workers => [$region],
+        http => "    maskserve_redis localhost:$pport;\n");
+    my $out = `$MsvTest::NGINX -t -p ${\ $t4->dir}/ -c $conf 2>&1`;
+    is($? >> 8, 0, 'maskserve_redis localhost: configuration ok')
+        or diag($out);
+
+    $conf = $t4->write_conf(workers => [$region],
+        http => "    maskserve_redis no-such-host.invalid:6379;\n");
+    $out = `$MsvTest::NGINX -t -p ${\ $t4->dir}/ -c $conf 2>&1`;
+    isnt($? >> 8, 0, 'an unknown Redis host fails the configuration');
+    like($out, qr/maskserve_redis: host "no-such-host\.invalid" not found/,
+         '... naming the host');
+}
 
 # ---------------------------------------------------------------- logs
 

@@ -546,8 +546,7 @@ main(int argc, char **argv)
     while (k.n_done < k.n_reqs) {
         cli_submit_more(&k);
 
-        atomic_store_explicit(&k.a.cons.me->heartbeat_ns, msv_now_ns(),
-                              memory_order_relaxed);
+        msv_reader_heartbeat(&k.a);
         if (msv_consume(&k.a.cons, cli_on_row, &k) < 0) {
             fprintf(stderr, "maskserve-cli: malformed ring record\n");
             return 1;
@@ -557,7 +556,8 @@ main(int argc, char **argv)
             break;
         }
         if (msv_attachment_check(&k.a) != 0) {
-            fprintf(stderr, "maskserve-cli: worker %s went away\n", name);
+            fprintf(stderr, "maskserve-cli: worker %s lost: %s\n", name,
+                    k.a.lost);
             return 1;
         }
         if ((double) (msv_now_ns() - t0) / 1e9 > timeout) {

@@ -21,9 +21,9 @@
 #include <unistd.h>
 
 #include "../shm/msv_region.h"
+#include "../shm/msv_ipc.h"
 #include "../shm/msv_ring.h"
 #include "backend.h"
-#include "ipc.h"
 #include "log.h"
 #include "model.h"
 #include "scheduler.h"
@@ -48,10 +48,22 @@ struct msv_opts {
     int          sample_threads;
     double       reader_timeout;
     double       drain_timeout;
+    double       step_timeout;
 };
 
 static volatile sig_atomic_t  msv_stop;
 static struct msv_ctrl       *msv_hb_ctrl;
+
+/*
+ * What the heartbeat thread watches: the main loop's last turn, and when
+ * the step it is in began (0: between steps).
+ */
+static _Atomic uint64_t       msv_loop_ns;
+static _Atomic uint64_t       msv_step_ns;
+static uint64_t               msv_step_timeout_ns;
+
+/* the main loop comes round every 100 ms when idle; this late, it hangs */
+#define MSV_LOOP_HUNG_NS      2000000000ULL
 
 
 static void
@@ -93,6 +105,8 @@ msv_usage(FILE *f)
 "                           GPU with the CUDA backend, else on the CPU)\n"
 "  --reader-timeout SEC     evict a reader that stalls the ring (default 10)\n"
 "  --drain-timeout SEC      on SIGTERM, wait for readers (default 2)\n"
+"  --step-timeout SEC       a step running longer is hung: the heartbeat\n"
+"                           stops (default 600)\n"
 "  --log-level LEVEL        error, warn, info, debug (default info)\n");
 }
 
@@ -155,6 +169,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "sampler",                required_argument, 0, 'P' },
         { "reader-timeout",         required_argument, 0, 'R' },
         { "drain-timeout",          required_argument, 0, 'D' },
+        { "step-timeout",           required_argument, 0, 'X' },
         { "log-level",              required_argument, 0, 'v' },
         { "help",                   no_argument,       0, 'h' },
         { 0, 0, 0, 0 }
@@ -170,6 +185,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
     o->ring_bytes = 64ULL << 20;
     o->reader_timeout = 10.0;
     o->drain_timeout = 2.0;
+    o->step_timeout = 600.0;
 
     while ((c = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
         switch (c) {
@@ -254,18 +270,24 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
             break;
         case 'R':
         case 'D':
+        case 'X':
             errno = 0;
             d = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(d >= 0) || d > 86400) {
+            if (errno || end == optarg || *end || !(d >= 0) || d > 86400
+                || (c == 'X' && d < 1))
+            {
                 fprintf(stderr, "maskserve-worker: --%s: invalid value "
-                        "\"%s\"\n", c == 'R' ? "reader-timeout"
-                                             : "drain-timeout", optarg);
+                        "\"%s\"%s\n", c == 'R' ? "reader-timeout"
+                        : c == 'D' ? "drain-timeout" : "step-timeout",
+                        optarg, c == 'X' ? " (1 to 86400 s)" : "");
                 return -1;
             }
             if (c == 'R') {
                 o->reader_timeout = d;
-            } else {
+            } else if (c == 'D') {
                 o->drain_timeout = d;
+            } else {
+                o->step_timeout = d;
             }
             break;
         case 'v':
@@ -335,17 +357,64 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
 }
 
 
-/* The heartbeat comes from its own thread so a long step (a big model on
- * the CPU) doesn't look like a dead worker; a dead process stops it. */
+/*
+ * The heartbeat comes from its own thread so that a long step (a long
+ * prefill, a weight update, a CUDA graph capture, a big model on the CPU)
+ * does not look like a dead worker.  It beats only while the main loop is
+ * alive: between steps the loop must come round within MSV_LOOP_HUNG_NS,
+ * and a step may run up to --step-timeout.  Past either the worker is
+ * hung, the heartbeat stops, and readers give up on it after their stall
+ * limit.  A stopped or dead process stops it too.  step_ms tells readers
+ * how long the running step has taken ("busy", not "hung").
+ */
 static void *
 msv_heartbeat_main(void *arg)
 {
+    int              hung, was_hung;
+    uint64_t         now, loop, step;
     struct timespec  ts = { 0, 100 * 1000000L };
 
     (void) arg;
+    was_hung = 0;
+
     for ( ;; ) {
-        atomic_store_explicit(&msv_hb_ctrl->heartbeat_ns, msv_now_ns(),
-                              memory_order_relaxed);
+        now = msv_now_ns();
+        loop = atomic_load_explicit(&msv_loop_ns, memory_order_relaxed);
+        step = atomic_load_explicit(&msv_step_ns, memory_order_relaxed);
+
+        if (step != 0) {
+            hung = now > step && now - step > msv_step_timeout_ns;
+            atomic_store_explicit(&msv_hb_ctrl->step_ms,
+                                  now > step ? (uint32_t) ((now - step)
+                                                           / 1000000) : 0,
+                                  memory_order_relaxed);
+        } else {
+            hung = now > loop && now - loop > MSV_LOOP_HUNG_NS;
+            atomic_store_explicit(&msv_hb_ctrl->step_ms, 0,
+                                  memory_order_relaxed);
+        }
+
+        if (!hung) {
+            atomic_store_explicit(&msv_hb_ctrl->heartbeat_ns, now,
+                                  memory_order_relaxed);
+        }
+
+        if (hung != was_hung) {
+            if (hung && step != 0) {
+                msv_err("a step has run for %.0f s (--step-timeout): the "
+                        "worker is hung, heartbeat stopped",
+                        (double) (now - step) / 1e9);
+            } else if (hung) {
+                msv_err("the main loop has not come round for %.1f s: the "
+                        "worker is hung, heartbeat stopped",
+                        (double) (now - loop) / 1e9);
+            } else {
+                msv_warn("the worker makes progress again: heartbeat "
+                         "resumed");
+            }
+            was_hung = hung;
+        }
+
         nanosleep(&ts, NULL);
     }
     return NULL;
@@ -452,6 +521,17 @@ main(int argc, char **argv)
         fprintf(stderr, "maskserve-worker: --backend cuda: no usable GPU\n");
         return 1;
     }
+    if (!use_cuda && strcmp(o.backend, "auto") == 0) {
+        /* say why: a GPU machine may serve on the CPU without noticing */
+        if (msv_backend_cuda() == NULL) {
+            msv_warn("serving on the CPU: this build has no CUDA backend "
+                     "(nvcc was not found when it was built); install the "
+                     "CUDA toolkit and rebuild to use a GPU");
+        } else {
+            msv_warn("serving on the CPU: no usable GPU was found (CUDA "
+                     "reports no device)");
+        }
+    }
 
     msv_info("building the %s backend: %s, %llu parameters, %s",
              ops->name, msv_arch_name(cfg.arch),
@@ -505,6 +585,11 @@ main(int argc, char **argv)
     }
 
     msv_hb_ctrl = rg.ctrl;
+    msv_step_timeout_ns = (uint64_t) (o.step_timeout * 1e9);
+    atomic_store(&msv_loop_ns, msv_now_ns());
+    /* what is left of the start-up (the scheduler's set-up) counts as a
+     * step: busy, not hung; the first step of the main loop ends it */
+    atomic_store(&msv_step_ns, msv_now_ns());
     atomic_store(&rg.ctrl->heartbeat_ns, msv_now_ns());
     if (pthread_create(&hb, NULL, msv_heartbeat_main, NULL) != 0) {
         fprintf(stderr, "maskserve-worker: cannot start heartbeat thread\n");
@@ -520,6 +605,7 @@ main(int argc, char **argv)
         return 1;
     }
 
+    ipc.log = msv_log;
     msv_producer_init(&prod, rg.ctrl, msv_ipc_ring_wait, &ipc);
 
     if (o.has_seed) {
@@ -558,15 +644,21 @@ main(int argc, char **argv)
     /* serve */
     rc = 0;
     while (!msv_stop) {
+        atomic_store_explicit(&msv_loop_ns, msv_now_ns(),
+                              memory_order_relaxed);
         msv_ipc_poll(&ipc, msv_sched_pending(&sched) ? 0 : 100);
         if (msv_stop) {
             break;
         }
+        atomic_store_explicit(&msv_step_ns, msv_now_ns(),
+                              memory_order_relaxed);
         if (msv_sched_step(&sched) < 0) {
+            atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
             msv_err("fatal: %s", sched.err);
             rc = 1;
             break;
         }
+        atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
     }
 
     /* drain */
@@ -579,6 +671,8 @@ main(int argc, char **argv)
                && msv_ring_min_tail(rg.ctrl, head) < head
                && msv_now_ns() - t0 < (uint64_t) (o.drain_timeout * 1e9))
         {
+            atomic_store_explicit(&msv_loop_ns, msv_now_ns(),
+                                  memory_order_relaxed);
             msv_ipc_poll(&ipc, 10);
         }
     } else if (rc != 0) {

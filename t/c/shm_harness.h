@@ -1,8 +1,9 @@
 /*
- * shm_harness.h: shared pieces of the shm tests: a worker stand-in built
- * from the library alone (region, listening socket, admission, eviction,
- * the producer's wait callback), and rows whose every byte follows from
- * (seq, row index) so a consumer in another process can check them all.
+ * shm_harness.h: shared pieces of the shm tests: a worker made of the
+ * worker's own code (region, and shm/msv_ipc.c for the listening socket,
+ * admission, eviction and the producer's wait callback), and rows whose
+ * every byte follows from (seq, row index) so a consumer in another
+ * process can check them all.
  */
 
 #ifndef MSV_SHM_HARNESS_H
@@ -25,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "msv_ipc.h"
 #include "msv_link.h"
 #include "msv_region.h"
 #include "msv_ring.h"
@@ -270,133 +272,84 @@ hx_on_row(void *ud, uint64_t seq, const struct msv_row *w)
 
 
 /* ------------------------------------------------------------------ */
-/* Worker stand-in                                                      */
+/* The worker: the worker's own reader handling (shm/msv_ipc.c)         */
 
 struct hw;
 typedef void (*hw_hook_fn)(struct hw *w, uint64_t waited_ns);
 
 struct hw {
-    struct msv_region    rg;
-    struct msv_producer  p;
-    int                  lfd;
-    int                  kick_fd;
-    int                  conn[MSV_MAX_READERS];
-    uint32_t             attached;       /* admissions so far */
-    uint32_t             evicted;        /* readers dropped */
-    uint64_t             slots_reaped;
-    uint64_t             give_up_ns;     /* wait callback fails after */
-    int                  no_beat;        /* play a hung worker */
-    hw_hook_fn           hook;           /* test's view of a wait */
-    void                *hook_ud;
+    struct msv_region      rg;
+    struct msv_producer    p;
+    struct msv_ipc         ipc;
+    int                    kick_fd;        /* ipc.evfd, readers kick it */
+    volatile sig_atomic_t  stop;
+    uint32_t               evicted;        /* readers dropped */
+    uint64_t               slots_reaped;
+    uint64_t               give_up_ns;     /* wait callback fails after */
+    int                    no_beat;        /* play a hung worker */
+    hw_hook_fn             hook;           /* test's view of a wait */
+    void                  *hook_ud;
 };
+
+
+static inline void
+hw_forget(void *ud, uint32_t slot)
+{
+    struct hw  *w = ud;
+
+    (void) slot;
+    w->slots_reaped++;
+}
+
+
+static inline void
+hw_counts(struct hw *w)
+{
+    w->evicted = w->ipc.evicted;
+}
 
 
 static inline void
 hw_evict(struct hw *w, uint32_t i)
 {
-    uint32_t  out[256], n;
-
-    if (w->conn[i] >= 0) {
-        close(w->conn[i]);
-        w->conn[i] = -1;
-    }
-    if (w->p.wake_fd[i] >= 0) {
-        close(w->p.wake_fd[i]);
-        w->p.wake_fd[i] = -1;
-    }
-    if (msv_reader_evict(w->rg.ctrl, i)) {
-        w->evicted++;
-        atomic_fetch_add(&w->rg.ctrl->readers_evicted, 1);
-    }
-    do {
-        n = msv_slots_reap(w->rg.ctrl, (int) i, out, 256);
-        w->slots_reaped += n;
-    } while (n == 256);
+    msv_ipc_evict(&w->ipc, i, "evicted by the test");
+    hw_counts(w);
 }
 
 
-/* Heartbeat, hellos, connections that closed. */
+/* Heartbeat, hellos, submissions, connections that closed. */
 static inline void
 hw_service(struct hw *w)
 {
-    int                 conn, evfd, rc;
-    char                b[16];
-    ssize_t             n;
-    uint32_t            i;
-    uint64_t            tail;
-    struct msv_hello    h;
-    struct msv_welcome  wel;
+    if (!w->no_beat) {
+        atomic_store(&w->rg.ctrl->heartbeat_ns, msv_now_ns());
+    }
+
+    msv_ipc_poll(&w->ipc, 0);
+    hw_counts(w);
+}
+
+
+/* The producer's wait callback: the worker's, plus the test's hook. */
+static inline int
+hw_wait(void *ud, uint64_t waited_ns)
+{
+    int         rc;
+    struct hw  *w = ud;
 
     if (!w->no_beat) {
         atomic_store(&w->rg.ctrl->heartbeat_ns, msv_now_ns());
     }
 
-    for ( ;; ) {
-        conn = msv_accept_hello(w->lfd, &h, &evfd, 1000);
-        if (conn < 0) {
-            break;
-        }
-        memset(&wel, 0, sizeof(wel));
-        wel.magic = MSV_WELCOME_MAGIC;
-        wel.generation = w->rg.ctrl->generation;
-        rc = msv_reader_admit(w->rg.ctrl, &h,
-                              atomic_load(&w->rg.ctrl->head), &tail);
-        if (rc == 0 && w->conn[h.reader] >= 0) {
-            /*
-             * The index's previous reader left and a new one took the
-             * entry before we saw the old connection's EOF: drop that
-             * connection without evicting (the entry is the new one's).
-             */
-            close(w->conn[h.reader]);
-            w->conn[h.reader] = -1;
-            close(w->p.wake_fd[h.reader]);
-            w->p.wake_fd[h.reader] = -1;
-        }
-        wel.status = rc;
-        wel.tail = rc == 0 ? tail : 0;
-        if (msv_send_welcome(conn, &wel, w->kick_fd) != 0 || rc != 0) {
-            if (rc == 0) {
-                msv_reader_evict(w->rg.ctrl, h.reader);
-            }
-            close(conn);
-            close(evfd);
-            continue;
-        }
-        w->conn[h.reader] = conn;
-        w->p.wake_fd[h.reader] = evfd;
-        w->attached++;
-        /* slots the index's previous owner left (not the new owner's) */
-        w->slots_reaped += msv_slots_reap(w->rg.ctrl, (int) h.reader, NULL,
-                                          0);
-    }
+    rc = msv_ipc_ring_wait(&w->ipc, waited_ns);     /* polls for 1 ms */
+    hw_counts(w);
 
-    for (i = 0; i < w->rg.ctrl->n_readers; i++) {
-        if (w->conn[i] < 0) {
-            continue;
-        }
-        n = recv(w->conn[i], b, sizeof(b), MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-            hw_evict(w, i);
-        }
-    }
-}
-
-
-/* The producer's wait callback. */
-static inline int
-hw_wait(void *ud, uint64_t waited_ns)
-{
-    struct hw       *w = ud;
-    struct timespec  ts = { 0, 50000 };
-
-    hw_service(w);
     if (w->hook != NULL) {
         w->hook(w, waited_ns);
     }
-    if (waited_ns > w->give_up_ns) {
+    if (rc != 0 || waited_ns > w->give_up_ns) {
         return -1;
     }
-    nanosleep(&ts, NULL);
     return 0;
 }
 
@@ -404,28 +357,26 @@ hw_wait(void *ud, uint64_t waited_ns)
 static inline int
 hw_start(struct hw *w, const char *name, const struct msv_layout *lay)
 {
-    int   i;
     char  err[256];
 
     memset(w, 0, sizeof(*w));
-    for (i = 0; i < MSV_MAX_READERS; i++) {
-        w->conn[i] = -1;
-    }
+    w->kick_fd = -1;
     w->give_up_ns = 20000000000ULL;
 
     if (msv_region_create(&w->rg, name, lay, err, sizeof(err)) != 0) {
         fprintf(stderr, "# hw_start: %s\n", err);
         return -1;
     }
-    w->lfd = msv_listen(w->rg.ctrl->sock_path, err, sizeof(err));
-    if (w->lfd < 0) {
+    /* reader timeout 20 s: the tests evict on purpose, never by time */
+    if (msv_ipc_init(&w->ipc, w->rg.ctrl, &w->p, 20000000000ULL, &w->stop,
+                     err, sizeof(err)) != 0)
+    {
         fprintf(stderr, "# hw_start: %s\n", err);
         return -1;
     }
-    w->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (w->kick_fd < 0) {
-        return -1;
-    }
+    w->ipc.forget = hw_forget;
+    w->ipc.forget_ud = w;
+    w->kick_fd = w->ipc.evfd;
     msv_producer_init(&w->p, w->rg.ctrl, hw_wait, w);
     atomic_store(&w->rg.ctrl->state, MSV_WORKER_READY);
     return 0;
@@ -439,7 +390,7 @@ hw_await_readers(struct hw *w, uint32_t n)
     uint64_t         t0 = msv_now_ns();
     struct timespec  ts = { 0, 200000 };
 
-    while (w->attached < n) {
+    while (w->ipc.admitted < n) {
         if (msv_now_ns() - t0 > 10000000000ULL) {
             return -1;
         }
@@ -454,26 +405,7 @@ hw_await_readers(struct hw *w, uint32_t n)
 static inline void
 hw_close(struct hw *w)
 {
-    uint32_t  i;
-
-    for (i = 0; i < MSV_MAX_READERS; i++) {
-        if (w->conn[i] >= 0) {
-            close(w->conn[i]);
-            w->conn[i] = -1;
-        }
-        if (w->p.wake_fd[i] >= 0) {
-            close(w->p.wake_fd[i]);
-            w->p.wake_fd[i] = -1;
-        }
-    }
-    if (w->lfd >= 0) {
-        close(w->lfd);
-        w->lfd = -1;
-    }
-    if (w->kick_fd >= 0) {
-        close(w->kick_fd);
-        w->kick_fd = -1;
-    }
+    msv_ipc_close(&w->ipc);
     msv_region_unmap(&w->rg);
 }
 

@@ -42,7 +42,7 @@ static void
 worker(const struct msv_layout *lay, int cmd, int ans)
 {
     char           c, arg;
-    uint64_t       seq = 0, n;
+    uint64_t       seq = 0, n, kicks = 0;
     struct hw      w;
     struct pollfd  pf;
 
@@ -68,8 +68,10 @@ worker(const struct msv_layout *lay, int cmd, int ans)
         case 'p':               /* publish one step */
             hx_produce(&w.p, ++seq, VOCAB, MAXLP);
             break;
-        case 'k':               /* how many kicks arrived */
-            n = msv_drain(w.kick_fd);
+        case 'k':               /* how many kicks arrived since */
+            hw_service(&w);
+            n = w.ipc.kicks - kicks;
+            kicks = w.ipc.kicks;
             if (write(ans, &n, sizeof(n)) != sizeof(n)) {
                 _exit(5);
             }
@@ -79,6 +81,7 @@ worker(const struct msv_layout *lay, int cmd, int ans)
             if (hw_start(&w, name, lay) != 0) {
                 _exit(6);
             }
+            kicks = 0;
             break;
         case 'e':               /* evict reader entry `arg` */
             if (read(cmd, &arg, 1) != 1) {
@@ -368,8 +371,19 @@ test_handshake_and_wake(void)
     /* a hung worker: its heartbeat stops */
     cmd('h');
     atomic_store(&c->heartbeat_ns, msv_now_ns() - 4000000000ULL);
-    tap_ok(msv_attachment_check(&a) == -1, "check: worker heartbeat 4 s old "
-           "-> -1");
+    tap_ok(msv_attachment_check(&a) == 0, "check: worker heartbeat 4 s old, "
+           "default limit %.0f s -> 0 (late, not given up)",
+           (double) MSV_HEARTBEAT_STALE_NS / 1e9);
+    a.stall_ns = 3000000000ULL;
+    tap_ok(msv_attachment_check(&a) == -1
+           && strstr(a.lost, "no heartbeat from the worker") != NULL
+           && strstr(a.lost, "for 4.0 s") != NULL,
+           "check: heartbeat 4 s old, limit 3 s -> -1, says \"%s\"", a.lost);
+    a.stall_ns = 0;
+    atomic_store(&c->heartbeat_ns, msv_now_ns() - MSV_HEARTBEAT_STALE_NS
+                                   - 1000000000ULL);
+    tap_ok(msv_attachment_check(&a) == -1, "check: worker heartbeat past the "
+           "default limit -> -1");
     {
         struct msv_attachment  b;
 
@@ -555,7 +569,8 @@ test_refusals(void)
     atomic_store(&msv_reader_at(c, 1)->state,
                  MSV_STATE_WORD(dead, MSV_READER_CLAIMED));
     tap_ok(msv_attach(&d, name, err, sizeof(err)) == 0 && d.reader == 1,
-           "attach reclaims the entry of dead pid %d", (int) dead);
+           "attach reclaims the entry of dead pid %d (entry %u)",
+           (int) dead, d.reader);
     msv_detach(&d);
     tap_ok(atomic_load(&msv_reader_at(c, 1)->state) == 0,
            "detach frees the entry");

@@ -1,6 +1,8 @@
 /*
- * ipc.h: the worker's side of the reader link: the listening socket,
- * reader connections, the submission eventfd, liveness and eviction.
+ * msv_ipc.h: the worker's side of the reader link: the listening socket,
+ * reader connections, the submission eventfd, liveness and eviction.  The
+ * worker runs it in its main loop and as the ring producer's wait
+ * callback; the shm tests run the same code as their worker.
  */
 
 #ifndef MSV_IPC_H
@@ -9,12 +11,19 @@
 #include <signal.h>
 #include <stdint.h>
 
-#include "../shm/msv_ring.h"
-#include "../shm/msv_shm.h"
+#include "msv_ring.h"
+#include "msv_shm.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* levels of the log callback (the worker's msv_log levels) */
+#define MSV_IPC_WARN  1
+#define MSV_IPC_INFO  2
+
+typedef void (*msv_ipc_log_fn)(int level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 struct msv_ipc {
     struct msv_ctrl       *c;
@@ -32,6 +41,15 @@ struct msv_ipc {
     /* called for every slot freed because its reader went away */
     void                 (*forget)(void *ud, uint32_t slot);
     void                  *forget_ud;
+
+    /* one line per attach, detach and eviction; NULL: quiet */
+    msv_ipc_log_fn         log;
+
+    /* counters, for the log and the tests */
+    uint64_t               kicks;      /* submissions signalled */
+    uint32_t               admitted;   /* readers welcomed */
+    uint32_t               evicted;    /* entries taken from readers */
+    uint64_t               slots_freed;
 };
 
 int msv_ipc_init(struct msv_ipc *x, struct msv_ctrl *c,
@@ -47,6 +65,13 @@ int msv_ipc_ring_wait(void *ud, uint64_t waited_ns);
 
 /* Attached readers. */
 uint32_t msv_ipc_readers(struct msv_ipc *x);
+
+/*
+ * Evict reader entry i: close its connection and wake fd, free the entry
+ * and its slots, unless the entry was meanwhile freed by its reader and
+ * claimed by another process (that one's entry and slots are not ours).
+ */
+void msv_ipc_evict(struct msv_ipc *x, uint32_t i, const char *why);
 
 void msv_ipc_close(struct msv_ipc *x);
 

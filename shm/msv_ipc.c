@@ -1,5 +1,5 @@
 /*
- * ipc.c: the worker's side of the reader link.
+ * msv_ipc.c: the worker's side of the reader link.
  *
  * A reader attaches by connecting to the region's socket with a hello and
  * its eventfd; the worker sets the reader's tail to the published head,
@@ -19,11 +19,24 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../shm/msv_link.h"
-#include "../shm/msv_region.h"
-#include "../shm/msv_slots.h"
-#include "ipc.h"
-#include "log.h"
+#include "msv_link.h"
+#include "msv_region.h"
+#include "msv_slots.h"
+#include "msv_ipc.h"
+
+#define msv_ipc_log(x, level, ...)                                           \
+    do { if ((x)->log != NULL) (x)->log(level, __VA_ARGS__); } while (0)
+#define msv_ipc_info(x, ...)  msv_ipc_log(x, MSV_IPC_INFO, __VA_ARGS__)
+#define msv_ipc_warn(x, ...)  msv_ipc_log(x, MSV_IPC_WARN, __VA_ARGS__)
+
+/*
+ * epoll data: a reader's event carries its entry and its connection's fd,
+ * so that an event of a connection closed earlier in the same batch (its
+ * entry since taken by a new reader) is not taken for the new one's.
+ */
+#define MSV_EV_READER(i, fd)  (((uint64_t) (uint32_t) (fd) << 32) | (i))
+#define MSV_EV_ID(d)          ((uint32_t) (d))
+#define MSV_EV_FD(d)          ((int) ((d) >> 32))
 
 #define MSV_EV_LISTEN  0xffff0001u
 #define MSV_EV_SUBMIT  0xffff0002u
@@ -66,12 +79,12 @@ msv_ipc_init(struct msv_ipc *x, struct msv_ctrl *c,
     }
 
     ev.events = EPOLLIN;
-    ev.data.u32 = MSV_EV_LISTEN;
+    ev.data.u64 = MSV_EV_LISTEN;
     if (epoll_ctl(x->epfd, EPOLL_CTL_ADD, x->lfd, &ev) != 0) {
         snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
         return -1;
     }
-    ev.data.u32 = MSV_EV_SUBMIT;
+    ev.data.u64 = MSV_EV_SUBMIT;
     if (epoll_ctl(x->epfd, EPOLL_CTL_ADD, x->evfd, &ev) != 0) {
         snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
         return -1;
@@ -92,20 +105,25 @@ msv_ipc_reap(struct msv_ipc *x, int i)
     do {
         n = msv_slots_reap(x->c, i, slots, 256);
         for (k = 0; k < n && k < 256; k++) {
-            x->forget(x->forget_ud, slots[k]);
+            if (x->forget != NULL) {
+                x->forget(x->forget_ud, slots[k]);
+            }
         }
         total += n;
     } while (n == 256);
 
+    x->slots_freed += total;
+
     if (total && i >= 0) {
-        msv_info("reader %d: freed %u slots", i, total);
+        msv_ipc_info(x, "reader %d: freed %u slots", i, total);
     } else if (total) {
-        msv_info("freed %u slots of processes that are gone", total);
+        msv_ipc_info(x, "freed %u slots of processes that are gone",
+                     total);
     }
 }
 
 
-static void
+void
 msv_ipc_evict(struct msv_ipc *x, uint32_t i, const char *why)
 {
     int32_t   pid;
@@ -114,7 +132,8 @@ msv_ipc_evict(struct msv_ipc *x, uint32_t i, const char *why)
 
     /* a reader that detached cleanly has already cleared its entry */
     pid = MSV_STATE_OF(w) != MSV_READER_FREE ? MSV_PID_OF(w) : x->pid[i];
-    msv_info("reader %u (pid %d) detached: %s", i, (int) pid, why);
+    msv_ipc_info(x, "reader %u (pid %d) detached: %s", i, (int) pid,
+                 why);
 
     if (x->conn[i] >= 0) {
         epoll_ctl(x->epfd, EPOLL_CTL_DEL, x->conn[i], NULL);
@@ -135,7 +154,9 @@ msv_ipc_evict(struct msv_ipc *x, uint32_t i, const char *why)
         return;
     }
     x->pid[i] = 0;
-    msv_reader_evict(x->c, i);
+    if (msv_reader_evict(x->c, i)) {
+        x->evicted++;
+    }
 
     msv_ipc_reap(x, (int) i);
 }
@@ -166,8 +187,8 @@ msv_ipc_accept(struct msv_ipc *x)
                                                          memory_order_relaxed),
                                     &tail);
         if (w.status != 0) {
-            msv_warn("reader hello rejected (entry %u, pid %d): %s",
-                     h.reader, (int) h.pid, strerror(-w.status));
+            msv_ipc_warn(x, "reader hello rejected (entry %u, pid %d): %s",
+                         h.reader, (int) h.pid, strerror(-w.status));
             msv_send_welcome(conn, &w, x->evfd);
             close(conn);
             if (evfd >= 0) {
@@ -182,8 +203,8 @@ msv_ipc_accept(struct msv_ipc *x)
              * EOF yet: drop its connection and slots (reap never frees
              * the slots of the pid now attached there), keep the new one.
              */
-            msv_info("reader %u: previous holder pid %d replaced",
-                     h.reader, (int) x->pid[h.reader]);
+            msv_ipc_info(x, "reader %u: previous holder pid %d replaced",
+                         h.reader, (int) x->pid[h.reader]);
             epoll_ctl(x->epfd, EPOLL_CTL_DEL, x->conn[h.reader], NULL);
             close(x->conn[h.reader]);
             x->conn[h.reader] = -1;
@@ -207,11 +228,12 @@ msv_ipc_accept(struct msv_ipc *x)
         x->prod->wake_fd[h.reader] = evfd;
 
         ev.events = EPOLLIN | EPOLLRDHUP;
-        ev.data.u32 = h.reader;
+        ev.data.u64 = MSV_EV_READER(h.reader, conn);
         epoll_ctl(x->epfd, EPOLL_CTL_ADD, conn, &ev);
 
-        msv_info("reader %u (pid %d) attached at %llu", h.reader, (int) h.pid,
-                 (unsigned long long) tail);
+        x->admitted++;
+        msv_ipc_info(x, "reader %u (pid %d) attached at %llu", h.reader,
+                     (int) h.pid, (unsigned long long) tail);
     }
 }
 
@@ -258,15 +280,17 @@ msv_ipc_poll(struct msv_ipc *x, int timeout_ms)
     }
 
     for (i = 0; i < n; i++) {
-        id = evs[i].data.u32;
+        id = MSV_EV_ID(evs[i].data.u64);
 
-        if (id == MSV_EV_LISTEN) {
+        if (evs[i].data.u64 == MSV_EV_LISTEN) {
             msv_ipc_accept(x);
 
-        } else if (id == MSV_EV_SUBMIT) {
-            msv_drain(x->evfd);
+        } else if (evs[i].data.u64 == MSV_EV_SUBMIT) {
+            x->kicks += msv_drain(x->evfd);
 
-        } else if (id < MSV_MAX_READERS && x->conn[id] >= 0) {
+        } else if (id < MSV_MAX_READERS && x->conn[id] >= 0
+                   && x->conn[id] == MSV_EV_FD(evs[i].data.u64))
+        {
             got = recv(x->conn[id], b, sizeof(b), MSG_DONTWAIT);
             if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)
                 || (evs[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)))
@@ -297,8 +321,8 @@ msv_ipc_ring_wait(void *ud, uint64_t waited_ns)
 
     if (now - x->last_wait_log_ns > 1000000000ULL) {
         x->last_wait_log_ns = now;
-        msv_warn("output ring full: waiting %llu ms for readers to consume",
-                 (unsigned long long) (waited_ns / 1000000));
+        msv_ipc_warn(x, "output ring full: waiting %llu ms for readers to "
+                     "consume", (unsigned long long) (waited_ns / 1000000));
     }
 
     /*

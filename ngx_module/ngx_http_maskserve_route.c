@@ -1,0 +1,398 @@
+/*
+ * ngx_http_maskserve_route.c: requests to and from the worker regions:
+ * pick a region, submit a request into one of its slots, cancel it, find
+ * a request in flight by id, and route each row of the ring to its
+ * request.
+ *
+ * Rows are matched to requests through this process's slot table (slot
+ * index -> context, checked by cookie).  Each row is formatted into its
+ * request's buffers during the callback (the row is not valid after it),
+ * so the ring always advances whatever the clients do.  Requests whose
+ * output changed are flushed once the records at hand are consumed, which
+ * coalesces the steps that arrived together into one stream event (a
+ * stream that gathers much output in one pass is flushed at once).
+ */
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "msv_region.h"
+#include "msv_ring.h"
+#include "msv_slots.h"
+#include "msv_link.h"
+#include "ngx_http_maskserve_module.h"
+#include "ngx_http_maskserve_util.h"
+#include "ngx_http_maskserve_attach.h"
+#include "ngx_http_maskserve_route.h"
+#include "ngx_http_maskserve_output.h"
+#include "ngx_http_maskserve_stream.h"
+#include "ngx_http_maskserve_redis.h"
+
+
+
+/* One row of the ring: route it to its request by slot and cookie. */
+
+int
+ngx_http_maskserve_route_row(void *ud, uint64_t seq, const struct msv_row *w)
+{
+    ngx_http_maskserve_region_t  *rg = ud;
+
+    ngx_http_maskserve_ctx_t   *ctx;
+    ngx_http_maskserve_slot_t  *e;
+
+    if (w->slot >= rg->n_slots) {
+        return 0;
+    }
+
+    e = &rg->slots[w->slot];
+
+    if (!e->used || e->cookie != w->cookie) {
+        /* another process's request, or an earlier one of this slot */
+        return 0;
+    }
+
+    ctx = e->ctx;
+
+    if (ctx == NULL || ctx->done) {
+        /* an orphan: the request is gone; free the slot at its end */
+        if (w->finish != MSV_FINISH_NONE) {
+            (void) msv_slot_release(rg->att.rg.ctrl, w->slot, w->cookie);
+            e->used = 0;
+            e->ctx = NULL;
+            rg->inflight--;
+        }
+
+        return 0;
+    }
+
+    if (!ctx->started) {
+        ctx->started = 1;
+
+        if (!ctx->seed_known) {
+            ctx->seed = msv_slot_at(rg->att.rg.ctrl, w->slot)->seed_used;
+            ctx->seed_known = 1;
+        }
+
+        ngx_http_maskserve_redis_req_update(&ctx->id, &rg->name, w->slot,
+                                            w->cookie,
+                                            NGX_HTTP_MASKSERVE_REQ_RUNNING,
+                                            ctx->prompt_tokens, 0, NULL);
+    }
+
+    if (ngx_http_maskserve_output_row(ctx, w) != NGX_OK) {
+        /* the request failed (support cap, output limit, memory) */
+        ctx->done = 1;
+
+        if (w->finish != MSV_FINISH_NONE) {
+            goto release;
+        }
+
+        ngx_http_maskserve_route_cancel(ctx);
+        ngx_http_maskserve_route_dirty(ctx);
+        return 0;
+    }
+
+    if (w->finish == MSV_FINISH_NONE) {
+        if (!ctx->stream) {
+            return 0;
+        }
+
+        if (ctx->pending >= NGX_HTTP_MASKSERVE_FLUSH_BYTES
+            && ctx->busy == NULL)
+        {
+            /*
+             * Much output in one pass (nginx fell behind the worker):
+             * send it now rather than hold it to the end of the pass.
+             * This may finalize the request; ctx is not touched after.
+             */
+            ngx_http_maskserve_stream_flush(ctx);
+            return 0;
+        }
+
+        if (ctx->lcf->flush == NGX_HTTP_MASKSERVE_FLUSH_STEP) {
+            ngx_http_maskserve_route_dirty(ctx);
+        }
+
+        return 0;
+    }
+
+    if (w->finish <= MSV_FINISH_ABORT) {
+        ctx->finish = w->finish;
+        ctx->abort_reason = w->abort_reason;
+
+    } else {
+        /* a finish this module does not know: an abort it can explain */
+        ctx->finish = MSV_FINISH_ABORT;
+        ctx->abort_reason = MSV_ABORT_INTERNAL;
+    }
+
+    ctx->done = 1;
+
+release:
+
+    /* the row is formatted: the slot may go back to the worker */
+    (void) msv_slot_release(rg->att.rg.ctrl, w->slot, w->cookie);
+    e->used = 0;
+    e->ctx = NULL;
+    rg->inflight--;
+    ctx->admitted = 0;
+
+    ngx_http_maskserve_route_dirty(ctx);
+
+    return 0;
+}
+
+
+void
+ngx_http_maskserve_route_dirty(ngx_http_maskserve_ctx_t *ctx)
+{
+    if (ctx->dirty || ctx->r == NULL) {
+        return;
+    }
+
+    ctx->dirty = 1;
+    ngx_queue_insert_tail(&ctx->region->dirty, &ctx->queue);
+}
+
+
+void
+ngx_http_maskserve_route_flush(ngx_http_maskserve_region_t *rg)
+{
+    ngx_queue_t               *q;
+    ngx_http_maskserve_ctx_t  *ctx;
+
+    while (!ngx_queue_empty(&rg->dirty)) {
+        q = ngx_queue_head(&rg->dirty);
+        ngx_queue_remove(q);
+
+        ctx = ngx_queue_data(q, ngx_http_maskserve_ctx_t, queue);
+        ctx->dirty = 0;
+
+        /* may finalize the request: ctx is not touched afterwards */
+        ngx_http_maskserve_stream_flush(ctx);
+    }
+}
+
+
+
+ngx_http_maskserve_region_t *
+ngx_http_maskserve_route_pick(ngx_http_maskserve_main_conf_t *mcf,
+    ngx_http_maskserve_loc_conf_t *lcf, ngx_http_maskserve_err_t *err)
+{
+    ngx_uint_t                    i, n, used, best_used, attached;
+    ngx_http_maskserve_region_t  *rg, *best;
+
+    n = ngx_http_maskserve_loc_nregions(mcf, lcf);
+
+    best = NULL;
+    best_used = 0;
+    attached = 0;
+
+    for (i = 0; i < n; i++) {
+        rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
+
+        if (!rg->attached) {
+            continue;
+        }
+
+        attached++;
+
+        if (ngx_http_maskserve_attach_ready(rg) != NGX_OK) {
+            continue;
+        }
+
+        used = ngx_http_maskserve_attach_in_use(rg);
+
+        if (used >= rg->n_slots) {
+            continue;
+        }
+
+        /* compare used / n_slots without dividing */
+        if (best == NULL || used * best->n_slots < best_used * rg->n_slots) {
+            best = rg;
+            best_used = used;
+        }
+    }
+
+    if (best) {
+        return best;
+    }
+
+    if (attached == 0) {
+        ngx_http_maskserve_error(err, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                 NGX_HTTP_MASKSERVE_OVERLOAD, NULL,
+                                 "no maskserve worker is attached; "
+                                 "retry later");
+
+    } else {
+        ngx_http_maskserve_error(err, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                 NGX_HTTP_MASKSERVE_OVERLOAD, NULL,
+                                 "no free request slot in any ready "
+                                 "maskserve worker; retry later");
+    }
+
+    return NULL;
+}
+
+
+
+ngx_int_t
+ngx_http_maskserve_route_submit(ngx_http_maskserve_region_t *rg,
+    ngx_http_maskserve_ctx_t *ctx, ngx_http_maskserve_gen_t *g)
+{
+    int                         i;
+    uint64_t                    cookie;
+    struct msv_ctrl            *c;
+    ngx_http_maskserve_ctx_t   *other;
+    ngx_http_maskserve_slot_t  *e;
+
+    c = rg->att.rg.ctrl;
+
+    i = msv_slot_claim(c, rg->att.reader, (int32_t) ngx_pid);
+    if (i < 0) {
+        return NGX_DECLINED;
+    }
+
+    if ((ngx_uint_t) i >= rg->n_slots) {
+        ngx_log_error(NGX_LOG_ALERT, rg->log, 0,
+                      "maskserve: claimed slot %d of %ui in \"%V\"",
+                      i, rg->n_slots, &rg->name);
+        msv_slot_unclaim(c, (uint32_t) i);
+        return NGX_DECLINED;
+    }
+
+    e = &rg->slots[i];
+    other = NULL;
+
+    if (e->used) {
+        /*
+         * The worker took the slot back while we still listed it (it
+         * evicted this reader): the request that had it cannot go on.
+         */
+        other = e->ctx;
+        rg->inflight--;
+
+        if (other && !other->done) {
+            other->admitted = 0;
+            other->done = 1;
+            ngx_http_maskserve_error(&other->err, NGX_HTTP_BAD_GATEWAY,
+                                     NGX_HTTP_MASKSERVE_SERVER, NULL,
+                                     "the maskserve worker took back the "
+                                     "slot of this request");
+            ngx_http_maskserve_route_dirty(other);
+        }
+    }
+
+    cookie = msv_slot_submit(c, (uint32_t) i, (char *) ctx->id.data,
+                             &g->params, g->prompt, (uint32_t) g->n_prompt,
+                             g->bias);
+
+    e->used = 1;
+    e->ctx = ctx;
+    e->cookie = cookie;
+    rg->inflight++;
+
+    ctx->region = rg;
+    ctx->slot = (ngx_uint_t) i;
+    ctx->cookie = cookie;
+    ctx->admitted = 1;
+
+    msv_kick(rg->att.kick_fd);
+
+    if (other) {
+        ngx_http_maskserve_route_flush(rg);
+    }
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_maskserve_route_cancel(ngx_http_maskserve_ctx_t *ctx)
+{
+    ngx_http_maskserve_region_t  *rg;
+    ngx_http_maskserve_slot_t    *e;
+
+    if (!ctx->admitted) {
+        return;
+    }
+
+    rg = ctx->region;
+    ctx->admitted = 0;
+    ctx->cancelled = 1;
+
+    if (!rg->attached || ctx->slot >= rg->n_slots) {
+        return;
+    }
+
+    e = &rg->slots[ctx->slot];
+
+    if (e->used && e->cookie == ctx->cookie) {
+        e->ctx = NULL;
+        msv_slot_cancel(rg->att.rg.ctrl, (uint32_t) ctx->slot, ctx->cookie);
+        msv_kick(rg->att.kick_fd);
+    }
+}
+
+
+ngx_int_t
+ngx_http_maskserve_route_find(ngx_http_maskserve_main_conf_t *mcf, u_char *id,
+    size_t len, ngx_http_maskserve_region_t **rgp, ngx_uint_t *slot,
+    uint64_t *cookie, uint32_t *state)
+{
+    uint32_t                      st, i;
+    uint64_t                      ck;
+    ngx_uint_t                    k;
+    struct msv_ctrl              *c;
+    struct msv_slot              *s;
+    ngx_http_maskserve_region_t  *rg;
+
+    if (len == 0 || len > MSV_REQ_ID_MAX) {
+        return NGX_DECLINED;
+    }
+
+    for (k = 0; k < mcf->regions.nelts; k++) {
+        rg = ngx_http_maskserve_region(mcf, k);
+
+        if (!rg->attached) {
+            continue;
+        }
+
+        c = rg->att.rg.ctrl;
+
+        for (i = 0; i < c->n_slots; i++) {
+            st = msv_slot_state(c, i);
+
+            if (st != MSV_SLOT_CLAIMED && st != MSV_SLOT_SUBMITTED
+                && st != MSV_SLOT_RUNNING)
+            {
+                continue;
+            }
+
+            s = msv_slot_at(c, i);
+            ck = s->cookie;
+
+            if (ngx_strncmp(s->request_id, id, len) != 0
+                || s->request_id[len] != '\0')
+            {
+                continue;
+            }
+
+            /* the slot may have changed hands while we compared */
+            if (s->cookie != ck || msv_slot_state(c, i) != st) {
+                continue;
+            }
+
+            *rgp = rg;
+            *slot = i;
+            *cookie = ck;
+            *state = st;
+
+            return NGX_OK;
+        }
+    }
+
+    return NGX_DECLINED;
+}
+
