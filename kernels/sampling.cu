@@ -222,9 +222,10 @@ msv_gs_exchange(cg::cluster_group &cl, msv_gs_smem &S, int k,
     __syncthreads();
 }
 
-/* The cluster's sum of count histogram k into S.H. */
+/* The cluster's sum of histogram k into S.H: the count histogram S.h[k]
+ * or, with weights, the top-p weight histogram S.wh[k] (lo, hi words). */
 __device__ static void
-msv_gs_hist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k)
+msv_gs_hist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k, bool weights)
 {
     if (S.nr != 1) {
         cl.sync();
@@ -235,29 +236,14 @@ msv_gs_hist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k)
         uint64_t  s = 0;
 
         for (uint32_t r = 0; r < S.nr; r++) {
-            s += *cl.map_shared_rank(&S.h[k][threadIdx.x], r);
-        }
-        S.H[threadIdx.x] = s;
-    }
-    __syncthreads();
-}
+            if (weights) {
+                const uint32_t  *p =
+                    cl.map_shared_rank(&S.wh[k][threadIdx.x][0], r);
 
-__device__ static void
-msv_gs_whist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k)
-{
-    if (S.nr != 1) {
-        cl.sync();
-    } else {
-        __syncthreads();
-    }
-    if (threadIdx.x < 256) {
-        uint64_t  s = 0;
-
-        for (uint32_t r = 0; r < S.nr; r++) {
-            const uint32_t  *p = cl.map_shared_rank(&S.wh[k][threadIdx.x][0],
-                                                    r);
-
-            s += ((uint64_t) p[1] << 32) + p[0];
+                s += ((uint64_t) p[1] << 32) + p[0];
+            } else {
+                s += *cl.map_shared_rank(&S.h[k][threadIdx.x], r);
+            }
         }
         S.H[threadIdx.x] = s;
     }
@@ -756,7 +742,7 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
                 atomicAdd(&S.h[hk + r][(u >> shift) & 255], 1u);
             }
         }
-        msv_gs_hist_sum(cl, S, hk + r);
+        msv_gs_hist_sum(cl, S, hk + r, false);
         digit = msv_gs_digit(S, 0, &need, &dummy, 0.0);
         prefix |= digit << shift;
         mask |= 255u << shift;
@@ -1263,7 +1249,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                     }
                 }
             }
-            msv_gs_whist_sum(cl, S, rd);
+            msv_gs_hist_sum(cl, S, rd, true);
             digit = msv_gs_digit(S, 1, &dummy, &above, tau);
             prefix |= digit << shift;
             mask |= 255u << shift;
