@@ -144,6 +144,18 @@ for my $case ([$big, 'sharing on', [0, 96, 0]], [$ref, 'sharing off', [0, 0, 0]]
            . "$pf prefilled");
     }
 }
+# a group of four with one new prompt, submitted together: one computes
+# the prompt, the others wait a step and prefill only their last page
+my @p200 = map { ($_ * 29 + 11) % $V } 1 .. 200;
+my $g0 = stats($big);
+my ($g_rows) = run_reqs($big, [map { { request_id => "g$_", token_ids => \@p200,
+    sampling_params => { max_tokens => 3, seed => 10 + $_ } } } 0 .. 3], 'group');
+my $g1 = stats($big);
+is(($g1->{prefix}{prefill_tokens} - $g0->{prefix}{prefill_tokens}) . ' '
+   . ($g1->{prefix}{hit_tokens} - $g0->{prefix}{hit_tokens}), (200 + 3 * 8) . ' ' . (3 * 192),
+   'four requests of one prompt submitted together prefill it once');
+is(scalar(grep { @{ $g_rows->{"g$_"} || [] } == 3 } 0 .. 3), 4, 'and all four complete');
+
 my $st = stats($big);
 ok($st->{kv}{cached} >= 96, "unused prompt pages stay cached ($st->{kv}{cached} tokens)");
 

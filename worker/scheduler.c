@@ -403,6 +403,55 @@ msv_sched_place(struct msv_sched *s, struct msv_seq *q)
 }
 
 
+/*
+ * Whether q should wait a step instead of computing prompt pages that a
+ * running prefill is computing right now: with caching on, q will find
+ * them cached once that sequence has them.  This is what makes requests
+ * with one prompt submitted together (a group of rollouts) prefill it
+ * once.  Those that wait do not hold up the requests behind them.
+ */
+static int
+msv_sched_defer(struct msv_sched *s, struct msv_seq *q)
+{
+    uint32_t         i, B, mine, same, theirs;
+    struct msv_seq  *l;
+
+    if (!s->kv.caching) {
+        return 0;
+    }
+
+    B = s->kv.page_tokens;
+    mine = (q->n_fill - 1) / B;
+
+    for (i = 0; i < s->n_slots && mine > 0; i++) {
+        l = &s->seqs[i];
+        if (l == q || l->phase != MSV_SEQ_PREFILL) {
+            continue;
+        }
+        theirs = l->n_fill / B;
+        if (theirs > mine) {
+            theirs = mine;
+        }
+        if ((uint64_t) theirs * B <= l->n_kv) {
+            continue;           /* nothing of use left to compute */
+        }
+        for (same = 0; same < theirs; same++) {
+            if (memcmp(q->toks + (size_t) same * B,
+                       l->toks + (size_t) same * B, B * sizeof(int32_t))
+                != 0)
+            {
+                break;
+            }
+        }
+        if ((uint64_t) same * B > l->n_kv) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
 static int
 msv_cmp_ticket(const void *a, const void *b, void *ud)
 {
@@ -628,6 +677,10 @@ msv_sched_admit(struct msv_sched *s)
         q->n_fill = q->n_prompt;
         memcpy(q->toks, msv_slot_prompt(s->c, sl),
                (size_t) q->n_prompt * sizeof(int32_t));
+
+        if (msv_sched_defer(s, q)) {
+            continue;   /* its prompt is being computed: next step */
+        }
 
         if (msv_sched_place(s, q) != 0) {
             q->phase = MSV_SEQ_IDLE;
