@@ -171,7 +171,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "max-logprobs",           required_argument, 0, 'L' },
         { "kv-tokens",              required_argument, 0, 'k' },
         { "gpu-memory-fraction",    required_argument, 0, 'G' },
-        { "no-prefix-caching",      no_argument,       0, 'P' },
+        { "no-prefix-caching",      no_argument,       0, 'C' },
         { "ring-bytes",             required_argument, 0, 'r' },
         { "seed",                   required_argument, 0, 'S' },
         { "threads",                required_argument, 0, 't' },
@@ -261,7 +261,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
             }
             o->gpu_fraction = d;
             break;
-        case 'P':
+        case 'C':
             o->no_prefix_caching = 1;
             break;
         case 'r':
