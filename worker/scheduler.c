@@ -98,12 +98,14 @@ msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     s->b_pages = malloc(n * sizeof(const uint32_t *));
     s->b_npages = malloc(n * sizeof(uint32_t));
     s->r_order = malloc(n * sizeof(uint32_t));
+    s->p_list = malloc(n * sizeof(uint32_t));
     s->b_order = malloc(n * sizeof(uint32_t));
     s->b_tok = malloc((size_t) (s->max_batched + n) * sizeof(int32_t));
 
     if (s->pool == NULL || s->items == NULL || s->seqs == NULL || s->logits == NULL
         || s->b_seq == NULL || s->b_new == NULL || s->b_pos0 == NULL
         || s->b_pages == NULL || s->b_npages == NULL || s->r_order == NULL
+        || s->p_list == NULL
         || s->b_order == NULL || s->b_tok == NULL)
     {
         snprintf(s->err, sizeof(s->err), "out of memory for the scheduler");
@@ -163,6 +165,7 @@ msv_sched_free(struct msv_sched *s)
     free(s->b_pages);
     free(s->b_npages);
     free(s->r_order);
+    free(s->p_list);
     free(s->b_order);
     free(s->b_tok);
     free(s->items);
@@ -423,8 +426,8 @@ msv_sched_defer(struct msv_sched *s, struct msv_seq *q)
     B = s->kv.page_tokens;
     mine = (q->n_fill - 1) / B;
 
-    for (i = 0; i < s->n_slots && mine > 0; i++) {
-        l = &s->seqs[i];
+    for (i = 0; i < s->n_pf && mine > 0; i++) {
+        l = &s->seqs[s->p_list[i]];
         if (l == q || l->phase != MSV_SEQ_PREFILL) {
             continue;
         }
@@ -611,6 +614,14 @@ msv_sched_admit(struct msv_sched *s)
 
     blocked = s->draining ? 1 : msv_sched_readmit(s);
 
+    /* the sequences a newcomer may wait for (msv_sched_defer) */
+    s->n_pf = 0;
+    for (i = 0; i < s->n_slots; i++) {
+        if (s->seqs[i].phase == MSV_SEQ_PREFILL) {
+            s->p_list[s->n_pf++] = i;
+        }
+    }
+
     waiting = n;
     for (i = 0; i < n; i++) {
         sl = msv_slot_at(s->c, s->b_order[i]);
@@ -705,6 +716,7 @@ msv_sched_admit(struct msv_sched *s)
         }
 
         s->n_active++;
+        s->p_list[s->n_pf++] = q->slot;
         waiting--;
         msv_debug("slot %u: admitted \"%s\", %u prompt tokens (%u cached), "
                   "seed %llu", q->slot, sl->request_id, q->n_prompt, q->n_kv,

@@ -71,6 +71,9 @@ struct msv_sched {
     const uint32_t                **b_pages;    /* page table of each */
     uint32_t                       *b_npages;
     uint32_t                       *r_order;    /* preemption scratch */
+    uint32_t                       *p_list;     /* prefilling sequences,
+                                                   during admission */
+    uint32_t                        n_pf;
     int32_t                        *b_tok;
     uint32_t                       *b_order;    /* admission order, then
                                                    the slots to sample */
