@@ -14,12 +14,15 @@
 #   it shares nothing; with --no-prefix-caching nothing is shared.
 # - 64 staggered long rollouts (max_tokens 16..2048) on a pool that holds
 #   a quarter of their worst case all complete, validated.
+# - A client killed while some of its sequences wait preempted: the worker
+#   forgets them and every page comes back.
 
 use strict;
 use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use JSON::PP;
+use POSIX ();
 use List::Util qw(sum max);
 use Test::More;
 use MsvTest;
@@ -194,6 +197,33 @@ for my $caching (1, 0) {
     ok($s->{kv}{preemptions} >= 5, "$tag: $s->{kv}{preemptions} preemptions");
     ok(!$caching || $s->{kv}{evictions} > 0,
        "$tag: $s->{kv}{evictions} cached pages evicted under pressure");
+
+    # the client dies while sequences wait preempted: the worker forgets
+    # them with the others and every page comes back
+    my @slow = map { { %$_, sampling_params => { %{ $_->{sampling_params} },
+                                                 max_tokens => 400 } } } @reqs;
+    open my $fh, '>', "$dir/slow.jsonl" or die;
+    print $fh $json->encode($_), "\n" for @slow;
+    close $fh;
+    my $w2 = $t->start_worker(max_model_len => 1024,
+                              args => ['--kv-tokens', 512 + 64,
+                                       $caching ? () : '--no-prefix-caching']);
+    my $cp = fork() // die;
+    if ($cp == 0) {
+        { exec "$bin/maskserve-cli --shm $w2->{name} --requests $dir/slow.jsonl "
+               . "--summary --timeout 120 > /dev/null 2>&1" }
+        POSIX::_exit(127);
+    }
+    my $seen = MsvTest::wait_for(sub { my $x = stats($w2); $x && $x->{kv}{preempted} > 0 }, 60);
+    kill 'KILL', $cp;
+    waitpid($cp, 0);
+    ok($seen, "$tag: a client killed while sequences wait preempted");
+    my $back = MsvTest::wait_for(sub { my $x = stats($w2);
+        $x && $x->{slots}{free} == $x->{n_slots} && $x->{kv}{free} == $x->{kv}{tokens}
+        && $x->{kv}{preempted} == 0 }, 30);
+    ok($back, "$tag: its slots and every page come back, preempted ones included")
+        or diag($json->encode(stats($w2)));
+    $t->stop_worker($w2);
     $t->stop_worker($w);
 }
 
