@@ -33,6 +33,13 @@ my $dir = $t->dir;
 my $json = JSON::PP->new->canonical;
 my $V = 4099;
 
+# Always the CPU backend, whatever MSV_BACKEND says: the identities below
+# rest on its forward not depending on batch composition.
+sub worker {
+    my (%o) = @_;
+    return $t->start_worker(%o, args => [@{ $o{args} // [] }, '--backend', 'cpu']);
+}
+
 sub cli {
     my ($shm, @args) = @_;
     my $out = `$bin/maskserve-cli --shm $shm @args 2>$dir/cli.err`;
@@ -121,8 +128,8 @@ sub same_rows {
 
 # ------------------------------------------------ prefix caching, counted
 
-my $ref = $t->start_worker(args => ['--no-prefix-caching', '--kv-tokens', 65536]);
-my $big = $t->start_worker(args => ['--kv-tokens', 65536]);
+my $ref = worker(args => ['--no-prefix-caching', '--kv-tokens', 65536]);
+my $big = worker(args => ['--kv-tokens', 65536]);
 
 my @p100 = map { ($_ * 13 + 5) % $V } 1 .. 100;
 my @pre = (
@@ -188,7 +195,7 @@ ok($stem_hits >= $want, "later requests found their stems' full pages "
 my $small_kv = $worst + 32;
 for my $caching (1, 0) {
     my $tag = $caching ? 'small pool, sharing' : 'small pool, no sharing';
-    my $w = $t->start_worker(args => ['--kv-tokens', $small_kv,
+    my $w = worker(args => ['--kv-tokens', $small_kv,
                                       $caching ? () : '--no-prefix-caching']);
     my ($rows, $done) = run_reqs($w, \@reqs, $caching ? 'small' : 'small-off');
     check_rows($rows, $done, $tag);
@@ -205,7 +212,7 @@ for my $caching (1, 0) {
     open my $fh, '>', "$dir/slow.jsonl" or die;
     print $fh $json->encode($_), "\n" for @slow;
     close $fh;
-    my $w2 = $t->start_worker(max_model_len => 1024,
+    my $w2 = worker(max_model_len => 1024,
                               args => ['--kv-tokens', 512 + 64,
                                        $caching ? () : '--no-prefix-caching']);
     my $cp = fork() // die;
@@ -228,7 +235,7 @@ for my $caching (1, 0) {
 }
 
 # a request that cannot fit even alone still gets no_kv at once
-my $tiny_pool = $t->start_worker(args => ['--kv-tokens', 64]);
+my $tiny_pool = worker(args => ['--kv-tokens', 64]);
 my ($nr, $nd) = run_reqs($tiny_pool, [{ request_id => 'huge', token_ids => [1 .. 40],
     sampling_params => { max_tokens => 100 } }], 'no-kv');
 ok(!@{ $nr->{huge} || [] } && ($nd->{huge}{finish} // '') eq 'abort',
@@ -251,7 +258,7 @@ for my $i (0 .. 63) {
 }
 my $need = sum map { @{ $_->{token_ids} } + $_->{sampling_params}{max_tokens} } @long;
 my $q = int($need / 4);
-my $lw = $t->start_worker(max_model_len => 2304, threads => 2,
+my $lw = worker(max_model_len => 2304, threads => 2,
                           args => ['--kv-tokens', $q]);
 my $t0 = time;
 my ($lrows, $ldone) = run_reqs($lw, \@long, 'long');
