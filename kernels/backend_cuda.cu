@@ -8,7 +8,8 @@
  * products with bf16 weights read the activations rounded to bf16 (the
  * default precision) or split into bf16 hi + lo (MSV_ACT_BF16X2,
  * MSV_CUDA_ACT=split).  KV is in pages of MSV_KV_BLOCK tokens, bf16 by
- * default and fp32 in split precision.
+ * default and fp32 in split precision; the page ids come from the
+ * batch's page tables (worker/kv.h).
  */
 
 #include <math.h>
@@ -87,12 +88,7 @@ struct msv_backend {
     uint32_t                  n_pages;         /* pages sequences can own */
     uint32_t                  n_pages_alloc;   /* + the pad page */
     size_t                    page_elems;
-    uint32_t                 *free_pages;      /* stack of free page ids */
-    uint32_t                  n_free;
     uint32_t                  pages_per_seq;
-    uint32_t                 *seq_pages;       /* [max_seqs][pages_per_seq] */
-    uint32_t                 *seq_n_pages;
-    uint32_t                 *seq_len;         /* tokens written to KV */
     uint32_t                 *seq_stamp;       /* duplicate check */
     uint32_t                  stamp;
 
@@ -622,32 +618,60 @@ done:
 }
 
 
+/*
+ * kv_tokens 0: as many pages as fit in msv_cuda_memory_fraction() of the
+ * device's memory, less what the weights already use and
+ * MSV_CUDA_KV_HEADROOM for the scratch that grows with the batch; never
+ * more than max_seqs * max_len tokens.  Page ids are handed out by the
+ * caller's allocator (worker/kv.h).
+ */
+#define MSV_CUDA_KV_HEADROOM  ((size_t) 2 << 30)
+
 static int
 msv_cuda_init_kv(struct msv_backend *b, uint64_t kv_tokens, char *err,
     size_t errlen)
 {
     const struct msv_model_config  *c = &b->cfg;
-    uint64_t                        pages;
-    size_t                          bytes;
-    uint32_t                        i;
+    uint64_t                        pages, cap;
+    size_t                          bytes, page_bytes, dev_free, dev_total;
+    double                          budget;
 
     b->pages_per_seq = MSV_CEIL_DIV(b->max_len, MSV_KV_BLOCK);
-    pages = kv_tokens != 0
-            ? MSV_CEIL_DIV(kv_tokens, (uint64_t) MSV_KV_BLOCK)
-            : (uint64_t) b->max_seqs * b->pages_per_seq;
+    b->page_elems = (size_t) c->n_kv_heads * MSV_KV_BLOCK * c->head_dim;
+    b->kv_bf16 = !b->split;
+    page_bytes = (size_t) c->n_layers * 2 * b->page_elems
+                 * (b->kv_bf16 ? 2 : 4);
+    cap = (uint64_t) b->max_seqs * b->pages_per_seq;
+
+    if (kv_tokens != 0) {
+        pages = MSV_CEIL_DIV(kv_tokens, (uint64_t) MSV_KV_BLOCK);
+    } else {
+        MSV_CUDA_TRY(cudaMemGetInfo(&dev_free, &dev_total), err, errlen);
+        budget = msv_cuda_memory_fraction() * (double) dev_total
+                 - (double) (dev_total - dev_free)
+                 - (double) MSV_CUDA_KV_HEADROOM;
+        pages = budget > 0 ? (uint64_t) (budget / (double) page_bytes) : 0;
+        pages = pages > 0 ? pages - 1 : 0;      /* the pad page below */
+        if (pages > cap) {
+            pages = cap;
+        }
+        if (pages == 0) {
+            return msv_cuda_err(err, errlen, "cuda: no room for the KV "
+                                "cache in %.2f of %zu MiB (%zu MiB in use)",
+                                msv_cuda_memory_fraction(), dev_total >> 20,
+                                (dev_total - dev_free) >> 20);
+        }
+    }
     if (pages == 0 || pages > INT32_MAX) {
         return msv_cuda_err(err, errlen, "cuda: kv_tokens %llu: too many "
                             "pages", (unsigned long long) kv_tokens);
     }
     b->n_pages = (uint32_t) pages;
-    b->page_elems = (size_t) c->n_kv_heads * MSV_KV_BLOCK * c->head_dim;
-    b->kv_bf16 = !b->split;
 
     /* one more page than sequences can own: the padding tokens of decode
      * graphs write and read it; zeroed so they compute on numbers */
     b->n_pages_alloc = b->n_pages + 1;
-    bytes = (size_t) c->n_layers * 2 * b->n_pages_alloc * b->page_elems
-            * (b->kv_bf16 ? 2 : 4);
+    bytes = (size_t) b->n_pages_alloc * page_bytes;
     if (msv_cuda_alloc(b, (void **) &b->kv, bytes, "the KV cache", err,
                        errlen) != 0)
     {
@@ -655,16 +679,8 @@ msv_cuda_init_kv(struct msv_backend *b, uint64_t kv_tokens, char *err,
     }
     MSV_CUDA_TRY(cudaMemset(b->kv, 0, bytes), err, errlen);
 
-    b->free_pages = (uint32_t *) malloc(b->n_pages * sizeof(uint32_t));
-    b->seq_pages = (uint32_t *) malloc((size_t) b->max_seqs
-                                       * b->pages_per_seq * sizeof(uint32_t));
-    b->seq_n_pages = (uint32_t *) calloc(b->max_seqs, sizeof(uint32_t));
-    b->seq_len = (uint32_t *) calloc(b->max_seqs, sizeof(uint32_t));
     b->seq_stamp = (uint32_t *) calloc(b->max_seqs, sizeof(uint32_t));
-    if (b->free_pages == NULL || b->seq_pages == NULL
-        || b->seq_n_pages == NULL || b->seq_len == NULL
-        || b->seq_stamp == NULL)
-    {
+    if (b->seq_stamp == NULL) {
         return msv_cuda_err(err, errlen, "cuda: out of host memory for the "
                             "page tables");
     }
@@ -681,12 +697,6 @@ msv_cuda_init_kv(struct msv_backend *b, uint64_t kv_tokens, char *err,
     {
         return -1;
     }
-
-    /* pop order 0, 1, 2, ... */
-    for (i = 0; i < b->n_pages; i++) {
-        b->free_pages[i] = b->n_pages - 1 - i;
-    }
-    b->n_free = b->n_pages;
     return 0;
 }
 
@@ -853,55 +863,11 @@ failed:
 }
 
 
-static int
-msv_cuda_kv_reserve(struct msv_backend *b, uint32_t seq, uint32_t n_tokens)
+static uint32_t
+msv_cuda_kv_pages(struct msv_backend *b, uint32_t *page_tokens)
 {
-    uint32_t  need, have, *sp;
-
-    if (seq >= b->max_seqs || n_tokens > b->max_len) {
-        return -1;
-    }
-
-    need = MSV_CEIL_DIV(n_tokens, MSV_KV_BLOCK);
-    have = b->seq_n_pages[seq];
-    if (need <= have) {
-        return 0;
-    }
-    if (need - have > b->n_free) {
-        return -1;
-    }
-
-    sp = b->seq_pages + (size_t) seq * b->pages_per_seq;
-    while (have < need) {
-        sp[have++] = b->free_pages[--b->n_free];
-    }
-    b->seq_n_pages[seq] = have;
-    return 0;
-}
-
-
-static void
-msv_cuda_kv_release(struct msv_backend *b, uint32_t seq)
-{
-    uint32_t  i, *sp;
-
-    if (seq >= b->max_seqs) {
-        return;
-    }
-
-    sp = b->seq_pages + (size_t) seq * b->pages_per_seq;
-    for (i = b->seq_n_pages[seq]; i > 0; i--) {
-        b->free_pages[b->n_free++] = sp[i - 1];
-    }
-    b->seq_n_pages[seq] = 0;
-    b->seq_len[seq] = 0;
-}
-
-
-static uint64_t
-msv_cuda_kv_free(struct msv_backend *b)
-{
-    return (uint64_t) b->n_free * MSV_KV_BLOCK;
+    *page_tokens = MSV_KV_BLOCK;
+    return b->n_pages;
 }
 
 
@@ -1309,7 +1275,8 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     const struct msv_model_config  *c = &b->cfg;
     uint64_t                        T64, P64, t_in, t_launch;
     uint32_t                        s, seq, n, p0, T, P, R, r0, rc, k, t;
-    uint32_t                        np, *sp, max_ctx, cap, gctx, decode;
+    uint32_t                        np, max_ctx, cap, gctx, decode;
+    const uint32_t                 *sp;
     int32_t                        *tok, *pos, *tseq, *poff, *pages, *rows;
     size_t                          meta_n;
     cudaGraphExec_t                 gx;
@@ -1319,7 +1286,8 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     t_in = b->tm_file != NULL ? msv_cuda_now_ns() : 0;
 
     if (bt == NULL || bt->n_seqs == 0 || bt->seq == NULL
-        || bt->n_new == NULL || bt->pos0 == NULL || bt->tokens == NULL)
+        || bt->n_new == NULL || bt->pos0 == NULL || bt->tokens == NULL
+        || bt->pages == NULL || bt->n_pages == NULL)
     {
         return msv_cuda_err(err, errlen, "cuda: forward: empty batch");
     }
@@ -1354,16 +1322,24 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
             return msv_cuda_err(err, errlen, "cuda: forward: sequence %u has "
                                 "no new tokens", seq);
         }
-        if (p0 > b->seq_len[seq]) {
+        if ((uint64_t) p0 + n > (uint64_t) bt->n_pages[s] * MSV_KV_BLOCK) {
             return msv_cuda_err(err, errlen, "cuda: forward: sequence %u: "
-                                "pos0 %u but only %u tokens in its KV", seq,
-                                p0, b->seq_len[seq]);
-        }
-        if ((uint64_t) p0 + n > (uint64_t) b->seq_n_pages[seq] * MSV_KV_BLOCK) {
-            return msv_cuda_err(err, errlen, "cuda: forward: sequence %u: "
-                                "%llu tokens but KV reserved for %u", seq,
+                                "%llu tokens but KV reserved for %llu", seq,
                                 (unsigned long long) p0 + n,
-                                b->seq_n_pages[seq] * MSV_KV_BLOCK);
+                                (unsigned long long) bt->n_pages[s]
+                                * MSV_KV_BLOCK);
+        }
+        if ((uint64_t) p0 + n > b->max_len) {
+            return msv_cuda_err(err, errlen, "cuda: forward: sequence %u: "
+                                "%llu tokens exceed max_len %u", seq,
+                                (unsigned long long) p0 + n, b->max_len);
+        }
+        for (k = 0; k < MSV_CEIL_DIV(p0 + n, MSV_KV_BLOCK); k++) {
+            if (bt->pages[s] == NULL || bt->pages[s][k] >= b->n_pages) {
+                return msv_cuda_err(err, errlen, "cuda: forward: sequence "
+                                    "%u: page %u is not in the pool of %u",
+                                    seq, k, b->n_pages);
+            }
         }
         T64 += n;
         P64 += MSV_CEIL_DIV(p0 + n, MSV_KV_BLOCK);
@@ -1445,7 +1421,7 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
         }
         poff[s] = (int32_t) P;
         np = MSV_CEIL_DIV(p0 + n, MSV_KV_BLOCK);
-        sp = b->seq_pages + (size_t) seq * b->pages_per_seq;
+        sp = bt->pages[s];
         for (k = 0; k < np; k++) {
             pages[P++] = (int32_t) sp[k];
         }
@@ -1519,10 +1495,6 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
         return msv_cuda_fail(err, errlen, "forward", __FILE__, __LINE__, e);
     }
 
-    for (s = 0; s < bt->n_seqs; s++) {
-        b->seq_len[bt->seq[s]] = bt->pos0[s] + bt->n_new[s];
-    }
-
     if (b->tm_file != NULL) {
         msv_cuda_timing_line(b, bt->n_seqs, T, max_ctx, t_in, t_launch,
                              gx != NULL);
@@ -1568,10 +1540,6 @@ msv_cuda_destroy(struct msv_backend *b)
     }
     free(b->allocs);
     free(b->layers);
-    free(b->free_pages);
-    free(b->seq_pages);
-    free(b->seq_n_pages);
-    free(b->seq_len);
     free(b->seq_stamp);
     free(b);
 }
@@ -1645,9 +1613,7 @@ msv_cuda_make_ops(void)
     memset(&o, 0, sizeof(o));
     o.name = "cuda";
     o.create = msv_cuda_create;
-    o.kv_reserve = msv_cuda_kv_reserve;
-    o.kv_release = msv_cuda_kv_release;
-    o.kv_free = msv_cuda_kv_free;
+    o.kv_pages = msv_cuda_kv_pages;
     o.forward = msv_cuda_forward;
     o.destroy = msv_cuda_destroy;
     o.host_alloc = msv_cuda_host_alloc;

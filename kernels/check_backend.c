@@ -35,6 +35,7 @@
 #include <yajl/yajl_tree.h>
 
 #include "backend.h"
+#include "kv_direct.h"
 #include "model.h"
 #include "backend_cuda.h"
 #include "kernel_check.h"
@@ -976,6 +977,9 @@ check_api(const struct msv_model_config *cfg, const struct msv_weights *w)
     int32_t                        tok[4];
     float                         *lg;
     int                            fails0;
+    static const uint32_t          bad_page[1] = { 1u << 30 };
+    const uint32_t                *bad_tab[1] = { bad_page };
+    uint32_t                       bad_n[1] = { 1 };
 
     fails0 = chk_failed;
     lg = chk_alloc(4 * (size_t) cfg->vocab_size * sizeof(float));
@@ -990,32 +994,32 @@ check_api(const struct msv_model_config *cfg, const struct msv_weights *w)
     bad = *cfg;
     bad.head_dim = 15;
     err[0] = '\0';
-    API(ops->create(&bad, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
+    API(msv_kvd_create(ops, &bad, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
         && err[0] != '\0', "odd head_dim is refused with a message");
 
     setenv("MSV_CUDA_ACT", "bogus", 1);
     err[0] = '\0';
-    API(ops->create(cfg, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
+    API(msv_kvd_create(ops, cfg, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
         && strstr(err, "MSV_CUDA_ACT") != NULL,
         "MSV_CUDA_ACT=bogus is refused with a message naming it");
     unsetenv("MSV_CUDA_ACT");
 
-    b = ops->create(cfg, w, 4, 64, 64, 1, err, sizeof(err));
+    b = msv_kvd_create(ops, cfg, w, 4, 64, 64, 1, err, sizeof(err));
     if (b == NULL) {
         chk_fail("api: create: %s", err);
         free(lg);
         return;
     }
 
-    API(ops->kv_free(b) == 64, "kv_tokens 64 gives 64 free");
-    API(ops->kv_reserve(b, 0, 40) == 0, "reserve 40 tokens");
-    API(ops->kv_free(b) == 16, "3 pages taken");
-    API(ops->kv_reserve(b, 1, 32) == -1, "reserve past the pool fails");
-    API(ops->kv_free(b) == 16, "a failed reserve takes nothing");
-    API(ops->kv_reserve(b, 0, 30) == 0 && ops->kv_free(b) == 16,
+    API(msv_kvd_free(b) == 64, "kv_tokens 64 gives 64 free");
+    API(msv_kvd_reserve(b, 0, 40) == 0, "reserve 40 tokens");
+    API(msv_kvd_free(b) == 16, "3 pages taken");
+    API(msv_kvd_reserve(b, 1, 32) == -1, "reserve past the pool fails");
+    API(msv_kvd_free(b) == 16, "a failed reserve takes nothing");
+    API(msv_kvd_reserve(b, 0, 30) == 0 && msv_kvd_free(b) == 16,
         "reserving less than held is a no-op");
-    API(ops->kv_reserve(b, 1, 65) == -1, "reserve past max_len fails");
-    API(ops->kv_reserve(b, 4, 1) == -1, "reserve of seq >= max_seqs fails");
+    API(msv_kvd_reserve(b, 1, 65) == -1, "reserve past max_len fails");
+    API(msv_kvd_reserve(b, 4, 1) == -1, "reserve of seq >= max_seqs fails");
 
     memset(&bt, 0, sizeof(bt));
     bt.seq = seq;
@@ -1026,44 +1030,49 @@ check_api(const struct msv_model_config *cfg, const struct msv_weights *w)
 
     bt.n_seqs = 1; seq[0] = 1; n_new[0] = 2; pos0[0] = 0;
     err[0] = '\0';
-    API(ops->forward(b, &bt, lg, err, sizeof(err)) == -1 && err[0] != '\0',
+    API(msv_kvd_forward(ops, b, &bt, lg, err,
+                        sizeof(err)) == -1 && err[0] != '\0',
         "forward of an unreserved sequence fails with a message");
 
     seq[0] = 0; tok[0] = (int32_t) cfg->vocab_size;
     err[0] = '\0';
-    API(ops->forward(b, &bt, lg, err, sizeof(err)) == -1
+    API(msv_kvd_forward(ops, b, &bt, lg, err, sizeof(err)) == -1
         && strstr(err, "vocab") != NULL,
         "a token outside the vocabulary fails with a message");
     tok[0] = 1;
 
     bt.n_seqs = 2; seq[1] = 0; n_new[1] = 1; pos0[1] = 2;
     err[0] = '\0';
-    API(ops->forward(b, &bt, lg, err, sizeof(err)) == -1
+    API(msv_kvd_forward(ops, b, &bt, lg, err, sizeof(err)) == -1
         && strstr(err, "twice") != NULL, "a duplicate sequence fails");
 
-    bt.n_seqs = 1; pos0[0] = 5;
+    bt.n_seqs = 1; pos0[0] = 0;
+    bt.pages = bad_tab;
+    bt.n_pages = bad_n;
     err[0] = '\0';
     API(ops->forward(b, &bt, lg, err, sizeof(err)) == -1 && err[0] != '\0',
-        "pos0 beyond the sequence's KV fails");
+        "a page id outside the pool fails");
 
     pos0[0] = 0; n_new[0] = 0;
     err[0] = '\0';
-    API(ops->forward(b, &bt, lg, err, sizeof(err)) == -1 && err[0] != '\0',
+    API(msv_kvd_forward(ops, b, &bt, lg, err,
+                        sizeof(err)) == -1 && err[0] != '\0',
         "a sequence with no new tokens fails");
 
     n_new[0] = 3;
     err[0] = '\0';
-    API(ops->forward(b, &bt, lg, err, sizeof(err)) == 0, "a valid forward");
+    API(msv_kvd_forward(ops, b, &bt, lg, err, sizeof(err)) == 0,
+                        "a valid forward");
     if (err[0] != '\0') {
         printf("     (%s)\n", err);
     }
 
-    ops->kv_release(b, 0);
-    API(ops->kv_free(b) == 64, "release gives every page back");
-    API(ops->kv_reserve(b, 1, 64) == 0 && ops->kv_free(b) == 0,
+    msv_kvd_release(b, 0);
+    API(msv_kvd_free(b) == 64, "release gives every page back");
+    API(msv_kvd_reserve(b, 1, 64) == 0 && msv_kvd_free(b) == 0,
         "the whole pool for one sequence");
 
-    ops->destroy(b);
+    msv_kvd_destroy(ops, b);
     free(lg);
 
 #undef API
@@ -1119,7 +1128,7 @@ duo_step(struct duo *d, uint32_t n, const uint32_t *seqs,
                        : (int32_t) chk_below(d->vocab);
         }
         for (j = 0; j < 2; j++) {
-            if (d->ops[j]->kv_reserve(d->b[j], seqs[i], pos0[i] + n_new[i])
+            if (msv_kvd_reserve(d->b[j], seqs[i], pos0[i] + n_new[i])
                 != 0)
             {
                 chk_fail("%s: step %d: %s kv_reserve(%u, %u) failed",
@@ -1130,11 +1139,11 @@ duo_step(struct duo *d, uint32_t n, const uint32_t *seqs,
             }
         }
     }
-    if (d->ops[0]->kv_free(d->b[0]) != d->ops[1]->kv_free(d->b[1])) {
+    if (msv_kvd_free(d->b[0]) != msv_kvd_free(d->b[1])) {
         chk_fail("%s: step %d: kv_free differs: cpu %llu, cuda %llu",
                  d->name, d->step,
-                 (unsigned long long) d->ops[0]->kv_free(d->b[0]),
-                 (unsigned long long) d->ops[1]->kv_free(d->b[1]));
+                 (unsigned long long) msv_kvd_free(d->b[0]),
+                 (unsigned long long) msv_kvd_free(d->b[1]));
     }
 
     memset(&bt, 0, sizeof(bt));
@@ -1148,7 +1157,8 @@ duo_step(struct duo *d, uint32_t n, const uint32_t *seqs,
 
     for (j = 0; j < 2; j++) {
         chk_poison(d->out[j], (size_t) rows * d->vocab);
-        if (d->ops[j]->forward(d->b[j], &bt, d->out[j], err, sizeof(err))
+        if (msv_kvd_forward(d->ops[j], d->b[j], &bt, d->out[j], err,
+                            sizeof(err))
             != 0)
         {
             chk_fail("%s: step %d: %s forward: %s", d->name, d->step,
@@ -1177,8 +1187,8 @@ duo_step(struct duo *d, uint32_t n, const uint32_t *seqs,
 static void
 duo_release(struct duo *d, uint32_t seq)
 {
-    d->ops[0]->kv_release(d->b[0], seq);
-    d->ops[1]->kv_release(d->b[1], seq);
+    msv_kvd_release(d->b[0], seq);
+    msv_kvd_release(d->b[1], seq);
     d->len[seq] = 0;
 }
 
@@ -1216,13 +1226,13 @@ check_model(const char *name, const struct msv_model_config *cfg,
     d.out[1] = chk_alloc(d.max_rows * d.vocab * sizeof(float));
 
     setenv("MSV_CUDA_ACT", act, 1);
-    d.b[0] = d.ops[0]->create(cfg, w, CHK_MAX_SEQS, CHK_MAX_LEN, 0,
+    d.b[0] = msv_kvd_create(d.ops[0], cfg, w, CHK_MAX_SEQS, CHK_MAX_LEN, 0,
                               chk_threads, err, sizeof(err));
     if (d.b[0] == NULL) {
         chk_fail("%s: cpu create: %s", name, err);
         goto done;
     }
-    d.b[1] = d.ops[1]->create(cfg, w, CHK_MAX_SEQS, CHK_MAX_LEN, 0,
+    d.b[1] = msv_kvd_create(d.ops[1], cfg, w, CHK_MAX_SEQS, CHK_MAX_LEN, 0,
                               chk_threads, err, sizeof(err));
     if (d.b[1] == NULL) {
         chk_fail("%s: cuda create: %s", name, err);
@@ -1264,10 +1274,10 @@ check_model(const char *name, const struct msv_model_config *cfg,
 
 done:
     if (d.b[0] != NULL) {
-        d.ops[0]->destroy(d.b[0]);
+        msv_kvd_destroy(d.ops[0], d.b[0]);
     }
     if (d.b[1] != NULL) {
-        d.ops[1]->destroy(d.b[1]);
+        msv_kvd_destroy(d.ops[1], d.b[1]);
     }
     unsetenv("MSV_CUDA_ACT");
     free(d.out[0]);
@@ -1466,7 +1476,8 @@ check_hf(const char *name, const struct msv_backend_ops *ops,
     }
 
     setenv("MSV_CUDA_ACT", act, 1);
-    b = ops->create(cfg, w, CHK_MAX_SEQS, CHK_MAX_LEN, 0, chk_threads, err,
+    b = msv_kvd_create(ops, cfg, w, CHK_MAX_SEQS, CHK_MAX_LEN, 0, chk_threads,
+                       err,
                     sizeof(err));
     unsetenv("MSV_CUDA_ACT");
     if (b == NULL) {
@@ -1494,7 +1505,7 @@ check_hf(const char *name, const struct msv_backend_ops *ops,
             for (k = 0; k < n_new[n]; k++) {
                 tok[T++] = r->tok[i][pos0[n] + k];
             }
-            if (ops->kv_reserve(b, i, pos0[n] + n_new[n]) != 0) {
+            if (msv_kvd_reserve(b, i, pos0[n] + n_new[n]) != 0) {
                 chk_fail("%s: %s kv_reserve failed", name, ops->name);
                 goto done;
             }
@@ -1512,7 +1523,7 @@ check_hf(const char *name, const struct msv_backend_ops *ops,
         bt.tokens = tok;
         bt.all_logits = step == 0;
         chk_poison(out, (size_t) T * r->vocab);
-        if (ops->forward(b, &bt, out, err, sizeof(err)) != 0) {
+        if (msv_kvd_forward(ops, b, &bt, out, err, sizeof(err)) != 0) {
             chk_fail("%s: %s forward: %s", name, ops->name, err);
             goto done;
         }
@@ -1534,7 +1545,7 @@ check_hf(const char *name, const struct msv_backend_ops *ops,
                ops == &msv_backend_cpu ? "" : act);
 
 done:
-    ops->destroy(b);
+    msv_kvd_destroy(ops, b);
     free(out);
 }
 
@@ -1647,7 +1658,7 @@ bench_decode(const struct msv_backend_ops *ops, struct msv_backend *b,
             n_new[i] = 1;
             pos0[i] = len[i];
             tok[i] = (int32_t) chk_below(vocab);
-            if (ops->kv_reserve(b, (uint32_t) i, len[i] + 1) != 0) {
+            if (msv_kvd_reserve(b, (uint32_t) i, len[i] + 1) != 0) {
                 chk_fail("bench: kv_reserve failed");
                 return -1;
             }
@@ -1661,7 +1672,7 @@ bench_decode(const struct msv_backend_ops *ops, struct msv_backend *b,
 
         chk_poison(logits, (size_t) n * vocab);
         t0 = chk_now();
-        if (ops->forward(b, &bt, logits, err, sizeof(err)) != 0) {
+        if (msv_kvd_forward(ops, b, &bt, logits, err, sizeof(err)) != 0) {
             chk_fail("bench: forward at batch %u: %s", n, err);
             return -1;
         }
@@ -1710,7 +1721,7 @@ bench_prefill(const struct msv_backend_ops *ops, struct msv_backend *b,
         seq[i] = first + i;
         n_new[i] = len;
         pos0[i] = 0;
-        if (ops->kv_reserve(b, first + i, len) != 0) {
+        if (msv_kvd_reserve(b, first + i, len) != 0) {
             chk_fail("bench: kv_reserve failed");
             free(tok);
             return -1.0;
@@ -1725,7 +1736,7 @@ bench_prefill(const struct msv_backend_ops *ops, struct msv_backend *b,
 
     chk_poison(logits, (size_t) n * vocab);
     t0 = chk_now();
-    if (ops->forward(b, &bt, logits, err, sizeof(err)) != 0) {
+    if (msv_kvd_forward(ops, b, &bt, logits, err, sizeof(err)) != 0) {
         chk_fail("bench: prefill %u x %u: %s", n, len, err);
         free(tok);
         return -1.0;
@@ -1788,7 +1799,7 @@ bench(void)
     for (m = 0; m < 2; m++) {
         setenv("MSV_CUDA_ACT", modes[m], 1);
         t0 = chk_now();
-        b = ops->create(&cfg, &w, BENCH_SEQS + 1, BENCH_LEN,
+        b = msv_kvd_create(ops, &cfg, &w, BENCH_SEQS + 1, BENCH_LEN,
                         (uint64_t) BENCH_SEQS * 256 + BENCH_LONG, 1, err,
                         sizeof(err));
         unsetenv("MSV_CUDA_ACT");
@@ -1809,7 +1820,7 @@ bench(void)
         {
             goto next;
         }
-        ops->kv_release(b, BENCH_SEQS);
+        msv_kvd_release(b, BENCH_SEQS);
 
         /* BENCH_PROMPT tokens into every sequence, BENCH_CHUNK at a time */
         n_chunks = 0;
@@ -1844,7 +1855,7 @@ bench(void)
         }
 
     next:
-        ops->destroy(b);
+        msv_kvd_destroy(ops, b);
     }
 
     printf("\nqwen3-8b preset, dummy bf16 weights; wall time of forward "

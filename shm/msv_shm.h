@@ -46,7 +46,7 @@ extern "C" {
 
 
 #define MSV_MAGIC            0x31474b534d56534dULL   /* "MSVMSKG1" */
-#define MSV_LAYOUT_VERSION   1
+#define MSV_LAYOUT_VERSION   2
 #define MSV_CACHELINE        64
 
 #define MSV_MAX_EOS          8       /* eos ids the model declares */
@@ -136,6 +136,20 @@ struct msv_ctrl {
     MSV_ATOMIC(uint64_t) kv_tokens_free;
     MSV_ATOMIC(uint64_t) ring_waits;    /* back-pressure waits */
     MSV_ATOMIC(uint64_t) readers_evicted;
+
+    /* KV pages, preemption and prefix caching (since layout version 2) */
+    MSV_ATOMIC(uint64_t) kv_tokens_total;     /* the whole pool */
+    MSV_ATOMIC(uint64_t) kv_tokens_cached;    /* held by no sequence, kept
+                                                 for reuse (LRU) */
+    MSV_ATOMIC(uint64_t) kv_evictions;        /* cached pages reused */
+    MSV_ATOMIC(uint64_t) prefix_query_tokens; /* tokens admissions needed
+                                                 in the KV */
+    MSV_ATOMIC(uint64_t) prefix_hit_tokens;   /* of those, found cached */
+    MSV_ATOMIC(uint64_t) prefill_tokens;      /* tokens prefill computed */
+    MSV_ATOMIC(uint64_t) preemptions;
+    MSV_ATOMIC(uint32_t) preempted;           /* RUNNING slots without
+                                                 pages right now */
+    uint32_t  _pad4;
 
     /* the producer's cursor, alone on its cache line */
     alignas(MSV_CACHELINE)

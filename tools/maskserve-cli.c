@@ -432,7 +432,11 @@ cli_stats(const char *name)
            "\"slots\":{\"free\":%u,\"claimed\":%u,\"submitted\":%u,"
            "\"running\":%u,\"finished\":%u,\"aborted\":%u},"
            "\"steps\":%llu,\"tokens\":%llu,\"requests_done\":%llu,"
-           "\"ring_waits\":%llu,\"readers_evicted\":%llu}\n",
+           "\"ring_waits\":%llu,\"readers_evicted\":%llu,"
+           "\"kv\":{\"tokens\":%llu,\"free\":%llu,\"cached\":%llu,"
+           "\"evictions\":%llu,\"preemptions\":%llu,\"preempted\":%u},"
+           "\"prefix\":{\"query_tokens\":%llu,\"hit_tokens\":%llu,"
+           "\"prefill_tokens\":%llu}}\n",
            c->name, (unsigned long long) c->generation, c->worker_pid,
            states[atomic_load(&c->state) & 3],
            msv_pid_alive(c->worker_pid) ? "true" : "false",
@@ -445,7 +449,16 @@ cli_stats(const char *name)
            (unsigned long long) atomic_load(&c->tokens),
            (unsigned long long) atomic_load(&c->requests_done),
            (unsigned long long) atomic_load(&c->ring_waits),
-           (unsigned long long) atomic_load(&c->readers_evicted));
+           (unsigned long long) atomic_load(&c->readers_evicted),
+           (unsigned long long) atomic_load(&c->kv_tokens_total),
+           (unsigned long long) atomic_load(&c->kv_tokens_free),
+           (unsigned long long) atomic_load(&c->kv_tokens_cached),
+           (unsigned long long) atomic_load(&c->kv_evictions),
+           (unsigned long long) atomic_load(&c->preemptions),
+           atomic_load(&c->preempted),
+           (unsigned long long) atomic_load(&c->prefix_query_tokens),
+           (unsigned long long) atomic_load(&c->prefix_hit_tokens),
+           (unsigned long long) atomic_load(&c->prefill_tokens));
 
     msv_region_unmap(&rg);
     return 0;

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "kv_direct.h"
 #include "model.h"
 
 
@@ -217,7 +218,7 @@ main(int argc, char **argv)
         return 2;
     }
 
-    be = ops->create(&cfg, &w, 1, n_all, 0, 1, err, sizeof(err));
+    be = msv_kvd_create(ops, &cfg, &w, 1, n_all, 0, 1, err, sizeof(err));
     if (be == NULL) {
         fprintf(stderr, "maskserve-logits: %s backend: %s\n", backend, err);
         return 1;
@@ -242,7 +243,7 @@ main(int argc, char **argv)
         return 1;
     }
 
-    if (ops->kv_reserve(be, 0, n_all) != 0) {
+    if (msv_kvd_reserve(be, 0, n_all) != 0) {
         fprintf(stderr, "maskserve-logits: no KV pages for %u tokens\n",
                 n_all);
         return 1;
@@ -273,7 +274,7 @@ main(int argc, char **argv)
         b.tokens = all + done;
         b.all_logits = 0;
 
-        if (ops->forward(be, &b, logits, err, sizeof(err)) != 0) {
+        if (msv_kvd_forward(ops, be, &b, logits, err, sizeof(err)) != 0) {
             fprintf(stderr, "maskserve-logits: forward: %s\n", err);
             return 1;
         }
@@ -298,8 +299,8 @@ main(int argc, char **argv)
     printf("{\"rows\":%u,\"vocab\":%u,\"file\":\"%s\"}\n", n_toks,
            cfg.vocab_size, out);
 
-    ops->kv_release(be, 0);
-    ops->destroy(be);
+    msv_kvd_release(be, 0);
+    msv_kvd_destroy(ops, be);
     msv_weights_free(&w);
     free(prompt);
     free(toks);

@@ -2,7 +2,9 @@
  * backend.h: what a backend (CPU reference, CUDA) implements.  The
  * scheduler hands it a batch of sequences, each with some new tokens
  * (a prefill chunk or one decode token), and gets fp32 logits back.
- * KV memory is paged: a sequence reserves tokens before it runs.
+ * KV memory is paged: the backend owns a pool of pages and maps page ids
+ * to memory; which sequence holds which page is decided by the allocator
+ * in kv.h, and every batch carries each sequence's page table.
  */
 
 #ifndef MSV_BACKEND_H
@@ -18,15 +20,19 @@
 extern "C" {
 #endif
 
-#define MSV_KV_BLOCK  16        /* tokens per KV page */
+#define MSV_KV_BLOCK  16        /* tokens per KV page of both backends */
 
 struct msv_batch {
     uint32_t        n_seqs;
-    const uint32_t *seq;        /* sequence (KV owner) ids, < max_seqs */
+    const uint32_t *seq;        /* sequence ids, < max_seqs, each once */
     const uint32_t *n_new;      /* new tokens of each sequence */
     const uint32_t *pos0;       /* position of each one's first new token
                                    (= tokens already in its KV) */
     const int32_t  *tokens;     /* all new tokens, sequence after sequence */
+    const uint32_t *const *pages; /* each sequence's page table: page ids
+                                   holding positions 0, 1, ... in order */
+    const uint32_t *n_pages;    /* entries in each table, enough to hold
+                                   pos0 + n_new tokens */
     int             all_logits; /* 0: logits of each sequence's last new
                                    token, [n_seqs][vocab]; 1: of every new
                                    token, [sum n_new][vocab] */
@@ -55,21 +61,16 @@ struct msv_backend_ops {
 
     /* Build from the config and the host tensor table.  max_seqs
      * sequences, each up to max_len tokens; kv_tokens of KV pages in all
-     * (0: enough for max_seqs * max_len).  Returns NULL with err set. */
+     * (0: the backend's default, see kv_pages).  Returns NULL with err
+     * set. */
     struct msv_backend *(*create)(const struct msv_model_config *cfg,
         const struct msv_weights *w, uint32_t max_seqs, uint32_t max_len,
         uint64_t kv_tokens, int threads, char *err, size_t errlen);
 
-    /* Make sure seq has pages for n_tokens in all; 0, or -1 if the pool
-     * has not enough free pages (nothing is taken then). */
-    int (*kv_reserve)(struct msv_backend *b, uint32_t seq,
-        uint32_t n_tokens);
-
-    /* Give back all of seq's pages. */
-    void (*kv_release)(struct msv_backend *b, uint32_t seq);
-
-    /* Tokens' worth of free pages. */
-    uint64_t (*kv_free)(struct msv_backend *b);
+    /* The KV pool made at create: *page_tokens tokens a page, returns the
+     * number of pages (ids 0 .. n - 1).  The caller's allocator (kv.h)
+     * hands them out. */
+    uint32_t (*kv_pages)(struct msv_backend *b, uint32_t *page_tokens);
 
     /* Run the batch; write logits (see msv_batch.all_logits).
      * 0, or -1 with err set. */
@@ -110,6 +111,12 @@ struct msv_backend_ops {
 };
 
 extern const struct msv_backend_ops msv_backend_cpu;
+
+/* Fraction of the GPU's memory the CUDA backend may fill (weights, scratch
+ * and KV) when kv_tokens is 0; set before create.  0 < f <= 1, default
+ * 0.9 (others are ignored). */
+void msv_cuda_set_memory_fraction(double f);
+double msv_cuda_memory_fraction(void);
 
 /* The CUDA backend, when built with nvcc (NULL otherwise), and whether a
  * usable GPU is present. */

@@ -2,8 +2,8 @@
  * backend_cpu.c: the CPU reference backend.  Plain fp32 math, written to
  * be obviously right rather than fast: it is the oracle the CUDA backend
  * is checked against.  Weights are converted to fp32 once at create; the
- * KV cache is paged (MSV_KV_BLOCK tokens a page, a page table per
- * sequence); matmuls and attention are split over a small thread pool.
+ * KV cache is paged (MSV_KV_BLOCK tokens a page; the batch brings each
+ * sequence's page table, see kv.h); matmuls and attention are split over a small thread pool.
  *
  * One layer, for the T new tokens of a batch (x is [T][hidden]):
  *
@@ -79,16 +79,12 @@ struct msv_backend {
     struct msv_cpu_layer     *layers;
     float                    *inv_freq;    /* [head_dim / 2] */
 
-    /* paged KV */
+    /* paged KV: page ids are the allocator's (kv.h), the memory ours */
     uint32_t                  max_seqs, max_len, pages_per_seq, n_pages;
     float                   **kc, **vc;    /* per layer [n_pages][BLOCK]
                                               [kv_dim] */
     size_t                    kv_layer_bytes;
-    uint32_t                 *table;       /* [max_seqs][pages_per_seq] */
-    uint32_t                 *seq_pages;   /* [max_seqs] pages held */
-    uint32_t                 *seq_len;     /* [max_seqs] tokens in KV */
-    uint32_t                 *free_pages;  /* stack */
-    uint32_t                  n_free;
+    const uint32_t *const    *bpages;      /* the running batch's tables */
     uint32_t                 *stamp;       /* [max_seqs] batch dedup */
     uint32_t                  stamp_gen;
 
@@ -121,10 +117,8 @@ struct msv_attn_job {
 static struct msv_backend *msv_cpu_create(const struct msv_model_config *cfg,
     const struct msv_weights *w, uint32_t max_seqs, uint32_t max_len,
     uint64_t kv_tokens, int threads, char *err, size_t errlen);
-static int msv_cpu_kv_reserve(struct msv_backend *b, uint32_t seq,
-    uint32_t n_tokens);
-static void msv_cpu_kv_release(struct msv_backend *b, uint32_t seq);
-static uint64_t msv_cpu_kv_free(struct msv_backend *b);
+static uint32_t msv_cpu_kv_pages(struct msv_backend *b,
+    uint32_t *page_tokens);
 static int msv_cpu_forward(struct msv_backend *b,
     const struct msv_batch *batch, float *logits, char *err, size_t errlen);
 static void msv_cpu_destroy(struct msv_backend *b);
@@ -157,9 +151,7 @@ static void *msv_pool_main(void *arg);
 const struct msv_backend_ops  msv_backend_cpu = {
     "cpu",
     msv_cpu_create,
-    msv_cpu_kv_reserve,
-    msv_cpu_kv_release,
-    msv_cpu_kv_free,
+    msv_cpu_kv_pages,
     msv_cpu_forward,
     msv_cpu_destroy,
     NULL,                       /* host_alloc: malloc */
@@ -176,7 +168,7 @@ msv_cpu_create(const struct msv_model_config *cfg,
     uint64_t kv_tokens, int threads, char *err, size_t errlen)
 {
     long                 ncpu;
-    uint32_t             l, i;
+    uint32_t             l;
     uint64_t             pages;
     struct msv_backend  *b;
 
@@ -263,25 +255,11 @@ msv_cpu_create(const struct msv_model_config *cfg,
         }
     }
 
-    b->table = calloc((size_t) max_seqs * b->pages_per_seq,
-                      sizeof(uint32_t));
-    b->seq_pages = calloc(max_seqs, sizeof(uint32_t));
-    b->seq_len = calloc(max_seqs, sizeof(uint32_t));
     b->stamp = calloc(max_seqs, sizeof(uint32_t));
-    b->free_pages = malloc((size_t) b->n_pages * sizeof(uint32_t));
     b->scores = malloc((size_t) b->nth * max_len * sizeof(float));
-    if (b->table == NULL || b->seq_pages == NULL || b->seq_len == NULL
-        || b->stamp == NULL
-        || b->free_pages == NULL || b->scores == NULL)
-    {
+    if (b->stamp == NULL || b->scores == NULL) {
         goto nomem;
     }
-
-    /* pop order: page 0 first */
-    for (i = 0; i < b->n_pages; i++) {
-        b->free_pages[i] = b->n_pages - 1 - i;
-    }
-    b->n_free = b->n_pages;
 
     b->helpers = calloc((size_t) b->nth, sizeof(struct msv_pool_helper));
     if (b->helpers == NULL) {
@@ -471,57 +449,11 @@ msv_cpu_rope_init(struct msv_backend *b)
 }
 
 
-static int
-msv_cpu_kv_reserve(struct msv_backend *b, uint32_t seq, uint32_t n_tokens)
+static uint32_t
+msv_cpu_kv_pages(struct msv_backend *b, uint32_t *page_tokens)
 {
-    uint32_t   need, have, *tab;
-
-    if (seq >= b->max_seqs || n_tokens > b->max_len) {
-        return -1;
-    }
-
-    need = (n_tokens + MSV_KV_BLOCK - 1) / MSV_KV_BLOCK;
-    have = b->seq_pages[seq];
-
-    if (need <= have) {
-        return 0;
-    }
-
-    if (need - have > b->n_free) {
-        return -1;
-    }
-
-    tab = b->table + (size_t) seq * b->pages_per_seq;
-    while (have < need) {
-        tab[have++] = b->free_pages[--b->n_free];
-    }
-    b->seq_pages[seq] = have;
-
-    return 0;
-}
-
-
-static void
-msv_cpu_kv_release(struct msv_backend *b, uint32_t seq)
-{
-    uint32_t  *tab;
-
-    if (seq >= b->max_seqs) {
-        return;
-    }
-
-    b->seq_len[seq] = 0;
-    tab = b->table + (size_t) seq * b->pages_per_seq;
-    while (b->seq_pages[seq] > 0) {
-        b->free_pages[b->n_free++] = tab[--b->seq_pages[seq]];
-    }
-}
-
-
-static uint64_t
-msv_cpu_kv_free(struct msv_backend *b)
-{
-    return (uint64_t) b->n_free * MSV_KV_BLOCK;
+    *page_tokens = MSV_KV_BLOCK;
+    return b->n_pages;
 }
 
 
@@ -539,7 +471,8 @@ msv_cpu_forward(struct msv_backend *b, const struct msv_batch *batch,
 
     if (batch == NULL || batch->n_seqs == 0 || batch->seq == NULL
         || batch->n_new == NULL || batch->pos0 == NULL
-        || batch->tokens == NULL || logits == NULL)
+        || batch->tokens == NULL || batch->pages == NULL
+        || batch->n_pages == NULL || logits == NULL)
     {
         snprintf(err, errlen, "cpu forward: empty or incomplete batch");
         return -1;
@@ -576,20 +509,28 @@ msv_cpu_forward(struct msv_backend *b, const struct msv_batch *batch,
         }
 
         if ((uint64_t) batch->pos0[s] + batch->n_new[s]
-            > (uint64_t) b->seq_pages[id] * MSV_KV_BLOCK)
+            > (uint64_t) batch->n_pages[s] * MSV_KV_BLOCK)
         {
             snprintf(err, errlen, "cpu forward: sequence %u: positions up "
-                     "to %llu but KV reserved for %u tokens", id,
+                     "to %llu but KV reserved for %llu tokens", id,
                      (unsigned long long) batch->pos0[s] + batch->n_new[s],
-                     b->seq_pages[id] * MSV_KV_BLOCK);
+                     (unsigned long long) batch->n_pages[s] * MSV_KV_BLOCK);
             return -1;
         }
 
-        if (batch->pos0[s] > b->seq_len[id]) {
-            snprintf(err, errlen, "cpu forward: sequence %u: first new "
-                     "position %u leaves a gap after the %u tokens in its KV",
-                     id, batch->pos0[s], b->seq_len[id]);
+        if (batch->n_pages[s] > 0 && batch->pages[s] == NULL) {
+            snprintf(err, errlen, "cpu forward: sequence %u: no page "
+                     "table", id);
             return -1;
+        }
+
+        for (i = 0; i < batch->n_pages[s]; i++) {
+            if (batch->pages[s][i] >= b->n_pages) {
+                snprintf(err, errlen, "cpu forward: sequence %u: page %u "
+                         "is id %u, the pool has %u pages", id, i,
+                         batch->pages[s][i], b->n_pages);
+                return -1;
+            }
         }
 
         if ((uint64_t) batch->pos0[s] + batch->n_new[s] > b->max_len) {
@@ -625,7 +566,7 @@ msv_cpu_forward(struct msv_backend *b, const struct msv_batch *batch,
     for (s = 0; s < batch->n_seqs; s++) {
         for (i = 0; i < batch->n_new[s]; i++, t++) {
             pos = batch->pos0[s] + i;
-            b->tseq[t] = batch->seq[s];
+            b->tseq[t] = s;
             b->tpos[t] = pos;
 
             for (uint32_t j = 0; j < half; j++) {
@@ -640,9 +581,11 @@ msv_cpu_forward(struct msv_backend *b, const struct msv_batch *batch,
         }
     }
 
+    b->bpages = batch->pages;
     for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
         msv_cpu_layer(b, l, T);
     }
+    b->bpages = NULL;
 
     /* final norm of the rows asked for, then lm_head */
 
@@ -667,12 +610,6 @@ msv_cpu_forward(struct msv_backend *b, const struct msv_batch *batch,
 
     msv_cpu_matmul(b, logits, b->h, b->lm_head, NULL, rows, V, H);
 
-    for (s = 0; s < batch->n_seqs; s++) {
-        if (batch->pos0[s] + batch->n_new[s] > b->seq_len[batch->seq[s]]) {
-            b->seq_len[batch->seq[s]] = batch->pos0[s] + batch->n_new[s];
-        }
-    }
-
     return 0;
 }
 
@@ -682,7 +619,8 @@ msv_cpu_layer(struct msv_backend *b, uint32_t l, size_t T)
 {
     float                  *dst, g;
     size_t                  t, j, H, I, qd, kvd, off;
-    uint32_t                hd, nh, nkv, h, page, *tab;
+    uint32_t                hd, nh, nkv, h, page;
+    const uint32_t         *tab;
     struct msv_attn_job     aj;
     struct msv_cpu_layer   *ly;
 
@@ -726,7 +664,7 @@ msv_cpu_layer(struct msv_backend *b, uint32_t l, size_t T)
         }
 
         /* into the sequence's page for this position */
-        tab = b->table + (size_t) b->tseq[t] * b->pages_per_seq;
+        tab = b->bpages[b->tseq[t]];
         page = tab[b->tpos[t] / MSV_KV_BLOCK];
         off = ((size_t) page * MSV_KV_BLOCK + b->tpos[t] % MSV_KV_BLOCK)
               * kvd;
@@ -777,7 +715,8 @@ msv_attn_part(void *arg, int part, int nparts)
 {
     float                *sc, *out, m, sum, scale, p;
     size_t                it, i0, i1, t, hd, qd, kvd, off;
-    uint32_t              h, kvh, group, pos, j, page, *tab;
+    uint32_t              h, kvh, group, pos, j, page;
+    const uint32_t       *tab;
     const float          *q, *kc, *vc;
     struct msv_attn_job  *aj = arg;
     struct msv_backend   *b = aj->b;
@@ -799,7 +738,7 @@ msv_attn_part(void *arg, int part, int nparts)
         h = (uint32_t) (it % b->cfg.n_heads);
         kvh = h / group;
         pos = b->tpos[t];
-        tab = b->table + (size_t) b->tseq[t] * b->pages_per_seq;
+        tab = b->bpages[b->tseq[t]];
         q = b->q + t * qd + (size_t) h * hd;
         out = b->a + t * qd + (size_t) h * hd;
 
@@ -1062,10 +1001,6 @@ msv_cpu_destroy(struct msv_backend *b)
     free(b->kc);
     free(b->vc);
 
-    free(b->table);
-    free(b->seq_pages);
-    free(b->seq_len);
-    free(b->free_pages);
     free(b->stamp);
     free(b->scores);
 

@@ -9,6 +9,26 @@
 #include "backend.h"
 
 
+/* vLLM's default for gpu_memory_utilization */
+static double  msv_cuda_mem_fraction = 0.9;
+
+
+void
+msv_cuda_set_memory_fraction(double f)
+{
+    if (f > 0.0 && f <= 1.0) {
+        msv_cuda_mem_fraction = f;
+    }
+}
+
+
+double
+msv_cuda_memory_fraction(void)
+{
+    return msv_cuda_mem_fraction;
+}
+
+
 #ifdef MSV_HAVE_CUDA
 
 const struct msv_backend_ops *

@@ -42,6 +42,8 @@ struct msv_opts {
     uint32_t     max_logprobs;
     uint64_t     ring_bytes;
     uint64_t     kv_tokens;
+    double       gpu_fraction;
+    int          no_prefix_caching;
     uint64_t     seed;
     int          has_seed;
     int          threads;
@@ -93,8 +95,14 @@ msv_usage(FILE *f)
 "                           at most 32768)\n"
 "  --max-num-batched-tokens N  tokens per step (default 2048)\n"
 "  --max-logprobs N         largest sampling_params.logprobs (default 128)\n"
-"  --kv-tokens N            KV cache size in tokens (default: enough for\n"
-"                           every sequence at full length)\n"
+"  --kv-tokens N            KV cache size in tokens (default: cpu, enough\n"
+"                           for every sequence at full length; cuda, what\n"
+"                           fits in --gpu-memory-fraction)\n"
+"  --gpu-memory-fraction F  share of GPU memory the cuda backend fills with\n"
+"                           weights, scratch and KV when --kv-tokens is not\n"
+"                           given, 0 < F <= 1 (default 0.9)\n"
+"  --no-prefix-caching      do not share KV pages between prompts that\n"
+"                           start alike (default: shared)\n"
 "  --ring-bytes SIZE        output ring size, power of two (default 64M)\n"
 "  --seed N                 seed for requests that bring none (default:\n"
 "                           random)\n"
@@ -162,6 +170,8 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "max-num-batched-tokens", required_argument, 0, 'B' },
         { "max-logprobs",           required_argument, 0, 'L' },
         { "kv-tokens",              required_argument, 0, 'k' },
+        { "gpu-memory-fraction",    required_argument, 0, 'G' },
+        { "no-prefix-caching",      no_argument,       0, 'C' },
         { "ring-bytes",             required_argument, 0, 'r' },
         { "seed",                   required_argument, 0, 'S' },
         { "threads",                required_argument, 0, 't' },
@@ -240,6 +250,19 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
             if (msv_parse_u64("--kv-tokens", optarg, &o->kv_tokens, 0)) {
                 return -1;
             }
+            break;
+        case 'G':
+            errno = 0;
+            d = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(d > 0) || d > 1) {
+                fprintf(stderr, "maskserve-worker: --gpu-memory-fraction: "
+                        "must be in (0, 1], not \"%s\"\n", optarg);
+                return -1;
+            }
+            o->gpu_fraction = d;
+            break;
+        case 'C':
+            o->no_prefix_caching = 1;
             break;
         case 'r':
             if (msv_parse_u64("--ring-bytes", optarg, &o->ring_bytes, 1)) {
@@ -432,6 +455,7 @@ int
 main(int argc, char **argv)
 {
     int                             rc, use_cuda;
+    uint32_t                        page_tokens;
     char                            err[512];
     uint64_t                        t0, seed, head;
     pthread_t                       hb;
@@ -546,6 +570,9 @@ main(int argc, char **argv)
         return 1;
     }
     t0 = msv_now_ns();
+    if (o.gpu_fraction > 0) {
+        msv_cuda_set_memory_fraction(o.gpu_fraction);
+    }
     be = ops->create(&cfg, &w, o.max_num_seqs, o.max_model_len, o.kv_tokens,
                      o.threads, err, sizeof(err));
     if (be == NULL) {
@@ -555,7 +582,9 @@ main(int argc, char **argv)
     msv_info("%s backend ready in %.1f s: %u sequences x %u tokens, "
              "%llu KV tokens", ops->name,
              (double) (msv_now_ns() - t0) / 1e9, o.max_num_seqs,
-             o.max_model_len, (unsigned long long) ops->kv_free(be));
+             o.max_model_len,
+             (unsigned long long) ops->kv_pages(be, &page_tokens)
+             * page_tokens);
 
     /* The GPU holds its own copy now: drop the host one (file mappings
      * or the dummy tensors), so the worker's resident memory is its ring,
@@ -615,7 +644,7 @@ main(int argc, char **argv)
     }
 
     if (msv_sched_init(&sched, rg.ctrl, ops, be, &prod, o.max_batched, seed,
-                       o.sample_threads) != 0)
+                       o.sample_threads, !o.no_prefix_caching) != 0)
     {
         fprintf(stderr, "maskserve-worker: %s\n", sched.err);
         msv_region_unlink(o.shm);

@@ -1,14 +1,23 @@
 /*
  * scheduler.c: continuous batching over the slot table.
  *
- * Each iteration: pick up SUBMITTED slots (FIFO by submission time) while
- * a sequence entry and KV pages for prompt + max output are available;
- * turn cancels into abort rows; run one forward over the decoding
- * sequences (one token each) and prefill chunks (up to max_batched tokens
- * per step); sample; publish one record of rows.  KV pages for a request
- * are reserved in full at admission, so a running request never stalls
- * for memory and memory does not grow with output length: rows leave
- * through the ring as they are made.
+ * Each iteration: bring back preempted sequences, then pick up SUBMITTED
+ * slots (FIFO by submission time) while KV pages for what each needs now
+ * are available; turn cancels into abort rows; give every decoding
+ * sequence the page its next token needs, preempting the most recently
+ * admitted sequences when the pool runs dry; run one forward over the
+ * decoding sequences (one token each) and prefill chunks (up to
+ * max_batched tokens per step); sample; publish one record of rows.
+ *
+ * KV pages come from the allocator in kv.h.  A request is admitted with
+ * pages for its prompt; full prompt pages already cached by an earlier
+ * request (same tokens from position 0) are shared instead of computed.
+ * A preempted sequence keeps its tokens and its slot (still RUNNING for
+ * the reader); when it comes back it recomputes prompt + outputs into
+ * new pages, mostly found in the cache, and goes on sampling at the next
+ * output position.  Rows leave through the ring as they are made, so
+ * nothing is sent twice.  A request that could not fit even alone in the
+ * whole pool ends with MSV_ABORT_NO_KV at admission.
  */
 
 #include <math.h>
@@ -60,9 +69,9 @@ int
 msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     const struct msv_backend_ops *ops, struct msv_backend *be,
     struct msv_producer *prod, uint32_t max_batched, uint64_t seed,
-    int sample_threads)
+    int sample_threads, int prefix_caching)
 {
-    uint32_t  i, n;
+    uint32_t  i, n, n_pages, page_tokens;
 
     memset(s, 0, sizeof(*s));
     s->c = c;
@@ -86,16 +95,36 @@ msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     s->b_seq = malloc(n * sizeof(uint32_t));
     s->b_new = malloc(n * sizeof(uint32_t));
     s->b_pos0 = malloc(n * sizeof(uint32_t));
+    s->b_pages = malloc(n * sizeof(const uint32_t *));
+    s->b_npages = malloc(n * sizeof(uint32_t));
+    s->r_order = malloc(n * sizeof(uint32_t));
+    s->p_list = malloc(n * sizeof(uint32_t));
     s->b_order = malloc(n * sizeof(uint32_t));
     s->b_tok = malloc((size_t) (s->max_batched + n) * sizeof(int32_t));
 
     if (s->pool == NULL || s->items == NULL || s->seqs == NULL || s->logits == NULL
         || s->b_seq == NULL || s->b_new == NULL || s->b_pos0 == NULL
+        || s->b_pages == NULL || s->b_npages == NULL || s->r_order == NULL
+        || s->p_list == NULL
         || s->b_order == NULL || s->b_tok == NULL)
     {
         snprintf(s->err, sizeof(s->err), "out of memory for the scheduler");
         return -1;
     }
+
+    n_pages = ops->kv_pages(be, &page_tokens);
+    if (msv_kv_init(&s->kv, n_pages, page_tokens, n, s->max_len,
+                    prefix_caching) != 0)
+    {
+        snprintf(s->err, sizeof(s->err), "out of memory for %u KV pages of "
+                 "%u tokens", n_pages, page_tokens);
+        return -1;
+    }
+    atomic_store_explicit(&c->kv_tokens_total,
+                          (uint64_t) n_pages * page_tokens,
+                          memory_order_relaxed);
+    atomic_store_explicit(&c->kv_tokens_free, msv_kv_free_tokens(&s->kv),
+                          memory_order_relaxed);
 
     for (i = 0; i < n; i++) {
         s->seqs[i].slot = i;
@@ -133,12 +162,17 @@ msv_sched_free(struct msv_sched *s)
     free(s->b_seq);
     free(s->b_new);
     free(s->b_pos0);
+    free(s->b_pages);
+    free(s->b_npages);
+    free(s->r_order);
+    free(s->p_list);
     free(s->b_order);
     free(s->b_tok);
     free(s->items);
     free(s->srows);
     free(s->sres);
     msv_sample_pool_free(s->pool);
+    msv_kv_free(&s->kv);
     memset(s, 0, sizeof(*s));
 }
 
@@ -252,13 +286,8 @@ msv_sched_end(struct msv_sched *s, uint32_t slot, uint32_t from,
     int32_t token, uint32_t pos, uint32_t finish, uint32_t why)
 {
     struct msv_slot  *sl = msv_slot_at(s->c, slot);
-    struct msv_seq   *q = &s->seqs[slot];
 
-    if (q->phase != MSV_SEQ_IDLE) {
-        s->ops->kv_release(s->be, slot);
-        q->phase = MSV_SEQ_IDLE;
-        s->n_active--;
-    }
+    msv_sched_forget(s, slot);
 
     sl->n_out = token >= 0 ? pos + 1 : pos;
     sl->finish = finish;
@@ -335,10 +364,231 @@ msv_cmp_submit(const void *a, const void *b, void *ud)
 }
 
 
+/*
+ * Pages for q's n_fill tokens: cached pages of its prefix first (at most
+ * n_fill - 1 tokens of them, so the last token is computed and gives the
+ * logits to sample from), then new ones.  Admission keeps one page in
+ * reserve per running sequence, so what it admits does not force a
+ * preemption at the very next decode step.  0, or -1 with nothing taken.
+ */
+static int
+msv_sched_place(struct msv_sched *s, struct msv_seq *q)
+{
+    uint32_t  hit, need, reserve;
+
+    hit = msv_kv_match(&s->kv, q->slot, q->toks, q->n_fill,
+                       (q->n_fill - 1) / s->kv.page_tokens);
+    need = msv_kv_pages_for(&s->kv, q->n_fill) - hit;
+    reserve = s->n_active - s->n_wait;
+
+    if ((uint64_t) need + reserve > msv_kv_available(&s->kv)
+        && s->n_active > s->n_wait)
+    {
+        msv_kv_release(&s->kv, q->slot);
+        return -1;
+    }
+
+    if (msv_kv_grow(&s->kv, q->slot, q->n_fill) != 0) {
+        msv_kv_release(&s->kv, q->slot);
+        return -1;
+    }
+
+    q->n_kv = hit * s->kv.page_tokens;
+    q->phase = MSV_SEQ_PREFILL;
+
+    atomic_fetch_add_explicit(&s->c->prefix_query_tokens, q->n_fill,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->c->prefix_hit_tokens, q->n_kv,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->c->prefill_tokens, q->n_fill - q->n_kv,
+                              memory_order_relaxed);
+    return 0;
+}
+
+
+/*
+ * Whether q should wait a step instead of computing prompt pages that a
+ * running prefill is computing right now: with caching on, q will find
+ * them cached once that sequence has them.  This is what makes requests
+ * with one prompt submitted together (a group of rollouts) prefill it
+ * once.  Those that wait do not hold up the requests behind them.
+ */
+static int
+msv_sched_defer(struct msv_sched *s, struct msv_seq *q)
+{
+    uint32_t         i, B, mine, same, theirs;
+    struct msv_seq  *l;
+
+    if (!s->kv.caching) {
+        return 0;
+    }
+
+    B = s->kv.page_tokens;
+    mine = (q->n_fill - 1) / B;
+
+    for (i = 0; i < s->n_pf && mine > 0; i++) {
+        l = &s->seqs[s->p_list[i]];
+        if (l == q || l->phase != MSV_SEQ_PREFILL) {
+            continue;
+        }
+        theirs = l->n_fill / B;
+        if (theirs > mine) {
+            theirs = mine;
+        }
+        if ((uint64_t) theirs * B <= l->n_kv) {
+            continue;           /* nothing of use left to compute */
+        }
+        for (same = 0; same < theirs; same++) {
+            if (memcmp(q->toks + (size_t) same * B,
+                       l->toks + (size_t) same * B, B * sizeof(int32_t))
+                != 0)
+            {
+                break;
+            }
+        }
+        if ((uint64_t) same * B > l->n_kv) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+static int
+msv_cmp_ticket(const void *a, const void *b, void *ud)
+{
+    struct msv_seq  *seqs = ud;
+    uint64_t         ta = seqs[*(const uint32_t *) a].ticket;
+    uint64_t         tb = seqs[*(const uint32_t *) b].ticket;
+
+    return ta < tb ? -1 : ta > tb ? 1 : 0;
+}
+
+
+/*
+ * Running sequences (those with pages) into r_order, oldest admission
+ * first; returns how many.
+ */
+static uint32_t
+msv_sched_running(struct msv_sched *s)
+{
+    uint32_t  i, n;
+
+    n = 0;
+    for (i = 0; i < s->n_slots; i++) {
+        if (s->seqs[i].phase == MSV_SEQ_PREFILL
+            || s->seqs[i].phase == MSV_SEQ_DECODE)
+        {
+            s->r_order[n++] = i;
+        }
+    }
+    if (n > 1) {
+        qsort_r(s->r_order, n, sizeof(uint32_t), msv_cmp_ticket, s->seqs);
+    }
+    return n;
+}
+
+
+/* Take q's pages back; it waits at the head of the queue with every token
+ * it has, to recompute them when it comes back. */
+static void
+msv_sched_preempt(struct msv_sched *s, struct msv_seq *q)
+{
+    if (q->phase == MSV_SEQ_PREFILL) {
+        /* counted at admission, never computed */
+        atomic_fetch_sub_explicit(&s->c->prefill_tokens, q->n_fill - q->n_kv,
+                                  memory_order_relaxed);
+    }
+    msv_kv_publish(&s->kv, q->slot, q->toks, q->n_kv);
+    msv_kv_release(&s->kv, q->slot);
+    q->phase = MSV_SEQ_WAIT;
+    q->n_kv = 0;
+    q->n_fill = q->n_prompt + q->n_out;
+    s->n_wait++;
+    atomic_fetch_add_explicit(&s->c->preemptions, 1, memory_order_relaxed);
+    msv_debug("slot %u: preempted after %u outputs", q->slot, q->n_out);
+}
+
+
+/*
+ * Before the batch is built: every decoding sequence gets the page its
+ * next token goes into, oldest first.  When the pool is dry the most
+ * recently admitted running sequence is preempted (possibly the one that
+ * asked).  The oldest never is: admission made sure it fits alone.
+ */
+static void
+msv_sched_grow(struct msv_sched *s)
+{
+    uint32_t         i, n;
+    struct msv_seq  *q;
+
+    n = msv_sched_running(s);
+
+    for (i = 0; i < n; i++) {
+        q = &s->seqs[s->r_order[i]];
+        if (q->phase != MSV_SEQ_DECODE) {
+            continue;
+        }
+        while (msv_kv_grow(&s->kv, q->slot, q->n_kv + 1) != 0) {
+            while (n > i + 1
+                   && s->seqs[s->r_order[n - 1]].phase != MSV_SEQ_PREFILL
+                   && s->seqs[s->r_order[n - 1]].phase != MSV_SEQ_DECODE)
+            {
+                n--;
+            }
+            if (n == i + 1) {
+                msv_sched_preempt(s, q);
+                n--;
+                break;
+            }
+            msv_sched_preempt(s, &s->seqs[s->r_order[--n]]);
+        }
+    }
+}
+
+
+/* Preempted sequences come back first, oldest admission first; while one
+ * cannot, nothing new is admitted.  0, or 1 if one is still waiting. */
+static int
+msv_sched_readmit(struct msv_sched *s)
+{
+    uint32_t         i, n;
+    struct msv_seq  *q;
+
+    if (s->n_wait == 0) {
+        return 0;
+    }
+
+    n = 0;
+    for (i = 0; i < s->n_slots; i++) {
+        if (s->seqs[i].phase == MSV_SEQ_WAIT) {
+            s->r_order[n++] = i;
+        }
+    }
+    if (n > 1) {
+        qsort_r(s->r_order, n, sizeof(uint32_t), msv_cmp_ticket, s->seqs);
+    }
+
+    for (i = 0; i < n; i++) {
+        q = &s->seqs[s->r_order[i]];
+        if (msv_sched_place(s, q) != 0) {
+            return 1;
+        }
+        s->n_wait--;
+        msv_debug("slot %u: back after a preemption, %u tokens to fill, "
+                  "%u cached", q->slot, q->n_fill, q->n_kv);
+    }
+
+    return 0;
+}
+
+
 /* Admit SUBMITTED slots in submission order while resources allow. */
 static int
 msv_sched_admit(struct msv_sched *s)
 {
+    int               blocked;
     uint32_t          i, n, waiting, need;
     uint64_t          w;
     struct msv_seq   *q;
@@ -360,6 +610,16 @@ msv_sched_admit(struct msv_sched *s)
 
     if (n > 1) {
         qsort_r(s->b_order, n, sizeof(uint32_t), msv_cmp_submit, s->c);
+    }
+
+    blocked = s->draining ? 1 : msv_sched_readmit(s);
+
+    /* the sequences a newcomer may wait for (msv_sched_defer) */
+    s->n_pf = 0;
+    for (i = 0; i < s->n_slots; i++) {
+        if (s->seqs[i].phase == MSV_SEQ_PREFILL) {
+            s->p_list[s->n_pf++] = i;
+        }
     }
 
     waiting = n;
@@ -401,20 +661,22 @@ msv_sched_admit(struct msv_sched *s)
         }
         need = sl->n_prompt + q->max_out;
 
-        if (s->ops->kv_reserve(s->be, q->slot, need) != 0) {
-            if (s->n_active == 0) {
-                /* nothing will ever free pages for it */
-                msv_warn("slot %u: %u tokens exceed the KV cache, aborted",
-                         q->slot, need);
-                if (msv_sched_finish(s, q->slot, MSV_SLOT_SUBMITTED,
-                                     sl->cookie, -1, 0, MSV_MASK_OFF, NULL,
-                                     MSV_FINISH_ABORT, MSV_ABORT_NO_KV) != 0)
-                {
-                    return -1;
-                }
-                waiting--;
-                continue;
+        if (msv_kv_pages_for(&s->kv, need) > s->kv.n_pages) {
+            /* even alone in the pool it could not reach max_tokens */
+            msv_warn("slot %u: %u tokens exceed the KV cache of %llu, "
+                     "aborted", q->slot, need,
+                     (unsigned long long) s->kv.n_pages * s->kv.page_tokens);
+            if (msv_sched_finish(s, q->slot, MSV_SLOT_SUBMITTED,
+                                 sl->cookie, -1, 0, MSV_MASK_OFF, NULL,
+                                 MSV_FINISH_ABORT, MSV_ABORT_NO_KV) != 0)
+            {
+                return -1;
             }
+            waiting--;
+            continue;
+        }
+
+        if (blocked) {
             break;      /* FIFO: later requests wait behind this one */
         }
 
@@ -423,28 +685,41 @@ msv_sched_admit(struct msv_sched *s)
         q->n_prompt = sl->n_prompt;
         q->n_out = 0;
         q->n_kv = 0;
+        q->n_fill = q->n_prompt;
         memcpy(q->toks, msv_slot_prompt(s->c, sl),
                (size_t) q->n_prompt * sizeof(int32_t));
+
+        if (msv_sched_defer(s, q)) {
+            continue;   /* its prompt is being computed: next step */
+        }
+
+        if (msv_sched_place(s, q) != 0) {
+            q->phase = MSV_SEQ_IDLE;
+            break;      /* FIFO: later requests wait behind this one */
+        }
+
         memcpy(q->bias, msv_slot_bias(s->c, sl),
                (size_t) q->p.n_bias * sizeof(struct msv_bias));
         q->seed = q->p.has_seed ? q->p.seed
                                 : msv_splitmix64(&s->seed_state)
                                   & ((1ULL << 53) - 1);   /* exact in JSON */
+        q->ticket = ++s->next_ticket;
         sl->seed_used = q->seed;
         sl->n_out = 0;
         sl->t_start_ns = msv_now_ns();
 
         if (msv_slot_move(sl, MSV_SLOT_SUBMITTED, MSV_SLOT_RUNNING) != 0) {
-            s->ops->kv_release(s->be, q->slot);    /* reaped meanwhile */
+            msv_kv_release(&s->kv, q->slot);    /* reaped meanwhile */
+            q->phase = MSV_SEQ_IDLE;
             waiting--;
             continue;
         }
 
-        q->phase = MSV_SEQ_PREFILL;
         s->n_active++;
+        s->p_list[s->n_pf++] = q->slot;
         waiting--;
-        msv_debug("slot %u: admitted \"%s\", %u prompt tokens, seed %llu",
-                  q->slot, sl->request_id, q->n_prompt,
+        msv_debug("slot %u: admitted \"%s\", %u prompt tokens (%u cached), "
+                  "seed %llu", q->slot, sl->request_id, q->n_prompt, q->n_kv,
                   (unsigned long long) q->seed);
     }
 
@@ -628,6 +903,32 @@ msv_sched_sample_device(struct msv_sched *s, uint32_t ns)
 }
 
 
+/* After a step: newly full pages into the cache, counters to the page. */
+static void
+msv_sched_publish(struct msv_sched *s)
+{
+    uint32_t         i;
+    struct msv_seq  *q;
+
+    for (i = 0; i < s->n_slots; i++) {
+        q = &s->seqs[i];
+        if (q->phase == MSV_SEQ_PREFILL || q->phase == MSV_SEQ_DECODE) {
+            msv_kv_publish(&s->kv, i, q->toks, q->n_kv);
+        }
+    }
+
+    atomic_store_explicit(&s->c->running, s->n_active, memory_order_relaxed);
+    atomic_store_explicit(&s->c->preempted, s->n_wait, memory_order_relaxed);
+    atomic_store_explicit(&s->c->kv_tokens_free, msv_kv_free_tokens(&s->kv),
+                          memory_order_relaxed);
+    atomic_store_explicit(&s->c->kv_tokens_cached,
+                          (uint64_t) s->kv.n_cached * s->kv.page_tokens,
+                          memory_order_relaxed);
+    atomic_store_explicit(&s->c->kv_evictions, s->kv.evictions,
+                          memory_order_relaxed);
+}
+
+
 int
 msv_sched_step(struct msv_sched *s)
 {
@@ -671,6 +972,8 @@ msv_sched_step(struct msv_sched *s)
         }
     }
 
+    msv_sched_grow(s);
+
     /* batch: every decoding sequence, then prefill chunks within budget */
     nb = 0;
     ntok = 0;
@@ -684,6 +987,8 @@ msv_sched_step(struct msv_sched *s)
         s->b_seq[nb] = i;
         s->b_new[nb] = 1;
         s->b_pos0[nb] = q->n_kv;
+        s->b_pages[nb] = msv_kv_table(&s->kv, i);
+        s->b_npages[nb] = msv_kv_seq_pages(&s->kv, i);
         s->b_tok[ntok++] = q->toks[q->n_kv];
         nb++;
         budget = budget > 0 ? budget - 1 : 0;
@@ -694,13 +999,15 @@ msv_sched_step(struct msv_sched *s)
         if (q->phase != MSV_SEQ_PREFILL) {
             continue;
         }
-        take = q->n_prompt - q->n_kv;
+        take = q->n_fill - q->n_kv;
         if (take > budget) {
             take = budget;
         }
         s->b_seq[nb] = i;
         s->b_new[nb] = take;
         s->b_pos0[nb] = q->n_kv;
+        s->b_pages[nb] = msv_kv_table(&s->kv, i);
+        s->b_npages[nb] = msv_kv_seq_pages(&s->kv, i);
         memcpy(s->b_tok + ntok, q->toks + q->n_kv, take * sizeof(int32_t));
         ntok += take;
         budget -= take;
@@ -714,6 +1021,8 @@ msv_sched_step(struct msv_sched *s)
         b.n_new = s->b_new;
         b.pos0 = s->b_pos0;
         b.tokens = s->b_tok;
+        b.pages = s->b_pages;
+        b.n_pages = s->b_npages;
         b.all_logits = 0;
 
         if (s->ops->forward(s->be, &b, s->dev_sample ? NULL : s->logits,
@@ -729,7 +1038,7 @@ msv_sched_step(struct msv_sched *s)
         for (i = 0; i < nb; i++) {
             q = &s->seqs[s->b_seq[i]];
             q->n_kv += s->b_new[i];
-            if (q->phase == MSV_SEQ_PREFILL && q->n_kv < q->n_prompt) {
+            if (q->phase == MSV_SEQ_PREFILL && q->n_kv < q->n_fill) {
                 continue;           /* chunk of a longer prompt */
             }
             s->b_order[ns] = s->b_seq[i];
@@ -766,9 +1075,7 @@ msv_sched_step(struct msv_sched *s)
 
     msv_ring_end(s->prod);
 
-    atomic_store_explicit(&s->c->running, s->n_active, memory_order_relaxed);
-    atomic_store_explicit(&s->c->kv_tokens_free, s->ops->kv_free(s->be),
-                          memory_order_relaxed);
+    msv_sched_publish(s);
 
     return did;
 }
@@ -782,7 +1089,13 @@ msv_sched_forget(struct msv_sched *s, uint32_t slot)
     if (q->phase == MSV_SEQ_IDLE) {
         return;
     }
-    s->ops->kv_release(s->be, slot);
+    if (q->phase == MSV_SEQ_WAIT) {
+        s->n_wait--;
+    } else {
+        /* what it computed stays findable for the next prompt like it */
+        msv_kv_publish(&s->kv, slot, q->toks, q->n_kv);
+        msv_kv_release(&s->kv, slot);
+    }
     q->phase = MSV_SEQ_IDLE;
     s->n_active--;
 }
@@ -823,6 +1136,7 @@ msv_sched_abort_all(struct msv_sched *s, uint32_t why)
 
     msv_ring_end(s->prod);
     atomic_store_explicit(&s->c->running, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->c->preempted, 0, memory_order_relaxed);
     atomic_store_explicit(&s->c->waiting, 0, memory_order_relaxed);
     return 0;
 }

@@ -11,6 +11,7 @@
 #include "../shm/msv_ring.h"
 #include "../shm/msv_shm.h"
 #include "backend.h"
+#include "kv.h"
 #include "sample_pool.h"
 #include "sampler.h"
 
@@ -21,7 +22,8 @@ extern "C" {
 enum msv_seq_phase {
     MSV_SEQ_IDLE    = 0,
     MSV_SEQ_PREFILL = 1,     /* prompt not fully in the KV yet */
-    MSV_SEQ_DECODE  = 2
+    MSV_SEQ_DECODE  = 2,
+    MSV_SEQ_WAIT    = 3      /* preempted: no pages, queued to come back */
 };
 
 struct msv_seq {
@@ -34,8 +36,13 @@ struct msv_seq {
     uint32_t            n_prompt;
     uint32_t            n_out;
     uint32_t            n_kv;       /* tokens already in the KV cache */
+    uint32_t            n_fill;     /* tokens the KV must hold before the
+                                       next sample: the prompt, or after a
+                                       preemption prompt + outputs */
     uint32_t            max_out;    /* max_tokens clipped to max_len */
     uint64_t            seed;
+    uint64_t            ticket;     /* admission order, kept across
+                                       preemptions: the highest goes first */
 };
 
 struct msv_sched {
@@ -46,6 +53,9 @@ struct msv_sched {
     struct msv_producer            *prod;
 
     struct msv_seq                 *seqs;       /* [n_slots] */
+    struct msv_kv                   kv;         /* pages of the backend */
+    uint64_t                        next_ticket;
+    uint32_t                        n_wait;     /* sequences in SEQ_WAIT */
     uint32_t                        n_slots;
     uint32_t                        vocab;
     uint32_t                        max_len;
@@ -58,6 +68,12 @@ struct msv_sched {
     uint32_t                       *b_seq;
     uint32_t                       *b_new;
     uint32_t                       *b_pos0;
+    const uint32_t                **b_pages;    /* page table of each */
+    uint32_t                       *b_npages;
+    uint32_t                       *r_order;    /* preemption scratch */
+    uint32_t                       *p_list;     /* prefilling sequences,
+                                                   during admission */
+    uint32_t                        n_pf;
     int32_t                        *b_tok;
     uint32_t                       *b_order;    /* admission order, then
                                                    the slots to sample */
@@ -78,7 +94,7 @@ struct msv_sched {
 int msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     const struct msv_backend_ops *ops, struct msv_backend *be,
     struct msv_producer *prod, uint32_t max_batched, uint64_t seed,
-    int sample_threads);
+    int sample_threads, int prefix_caching);
 void msv_sched_free(struct msv_sched *s);
 
 /*

@@ -20,6 +20,7 @@
 
 #include "tap.h"
 #include "backend.h"
+#include "kv_direct.h"
 #include "model.h"
 
 
@@ -659,8 +660,10 @@ test_safetensors(void)
            "loaded checkpoint passes the check (%s)", rc ? err : "ok");
 
     /* and runs exactly like the dummy weights it came from */
-    b1 = msv_backend_cpu.create(&c, &dw, 1, 64, 0, 1, err, sizeof(err));
-    b2 = msv_backend_cpu.create(&c2, &w, 1, 64, 0, 2, err, sizeof(err));
+    b1 = msv_kvd_create(&msv_backend_cpu, &c, &dw, 1, 64, 0, 1, err,
+                        sizeof(err));
+    b2 = msv_kvd_create(&msv_backend_cpu, &c2, &w, 1, 64, 0, 2, err,
+                        sizeof(err));
     l1 = malloc(5 * c.vocab_size * sizeof(float));
     l2 = malloc(5 * c.vocab_size * sizeof(float));
     seq = 0;
@@ -673,17 +676,19 @@ test_safetensors(void)
     bt.tokens = toks;
     bt.all_logits = 1;
     rc = b1 == NULL || b2 == NULL || l1 == NULL || l2 == NULL
-         || msv_backend_cpu.kv_reserve(b1, 0, 5) != 0
-         || msv_backend_cpu.kv_reserve(b2, 0, 5) != 0
-         || msv_backend_cpu.forward(b1, &bt, l1, err, sizeof(err)) != 0
-         || msv_backend_cpu.forward(b2, &bt, l2, err, sizeof(err)) != 0;
+         || msv_kvd_reserve(b1, 0, 5) != 0
+         || msv_kvd_reserve(b2, 0, 5) != 0
+         || msv_kvd_forward(&msv_backend_cpu, b1, &bt, l1, err,
+                            sizeof(err)) != 0
+         || msv_kvd_forward(&msv_backend_cpu, b2, &bt, l2, err,
+                            sizeof(err)) != 0;
     tap_ok(rc == 0 && memcmp(l1, l2, 5 * c.vocab_size * sizeof(float)) == 0,
            "checkpoint and dummy weights give identical logits");
     if (b1) {
-        msv_backend_cpu.destroy(b1);
+        msv_kvd_destroy(&msv_backend_cpu, b1);
     }
     if (b2) {
-        msv_backend_cpu.destroy(b2);
+        msv_kvd_destroy(&msv_backend_cpu, b2);
     }
     free(l1);
     free(l2);
@@ -858,7 +863,8 @@ test_safetensors(void)
     rc = write_st("model.safetensors", &dw, 0, n, "lm_head.weight", NULL);
     rc = rc == 0 ? load("", &w) : -2;
     if (rc == 0) {
-        b1 = msv_backend_cpu.create(&c, &w, 1, 16, 0, 1, err, sizeof(err));
+        b1 = msv_kvd_create(&msv_backend_cpu, &c, &w, 1, 16, 0, 1, err,
+                            sizeof(err));
         tap_ok(b1 == NULL && err_has("lm_head.weight", "missing", NULL),
                "backend create without lm_head: %s", err);
         msv_weights_free(&w);

@@ -21,6 +21,7 @@
 
 #include "tap.h"
 #include "backend.h"
+#include "kv_direct.h"
 #include "model.h"
 
 
@@ -88,7 +89,7 @@ run(const struct msv_backend_ops *ops, struct msv_backend *b, uint32_t n,
     bt.all_logits = all;
 
     err[0] = '\0';
-    return ops->forward(b, &bt, logits, err, sizeof(err));
+    return msv_kvd_forward(ops, b, &bt, logits, err, sizeof(err));
 }
 
 
@@ -307,7 +308,8 @@ test_fixture(const char *base, const char *fname,
     if (act != NULL) {
         setenv("MSV_CUDA_ACT", act, 1);
     }
-    b = ops->create(&cfg, &w, fx.n + 3, maxlen + 5, 0, 2, err, sizeof(err));
+    b = msv_kvd_create(ops, &cfg, &w, fx.n + 3, maxlen + 5, 0, 2, err,
+                       sizeof(err));
     unsetenv("MSV_CUDA_ACT");
     if (!tap_ok(b != NULL, "%s: backend created (%s)", name,
                 b ? "ok" : err))
@@ -337,7 +339,7 @@ test_fixture(const char *base, const char *fname,
     for (i = 0; i < fx.n && rc == 0; i++) {
         uint32_t  id = i + 1, zero = 0, one = 1, P = fx.plen[i];
 
-        rc = ops->kv_reserve(b, id, fx.len[i]);
+        rc = msv_kvd_reserve(b, id, fx.len[i]);
         if (rc != 0) {
             snprintf(err, sizeof(err), "kv_reserve failed");
             break;
@@ -356,7 +358,7 @@ test_fixture(const char *base, const char *fname,
             wb = e > wb ? e : wb;
         }
 
-        ops->kv_release(b, id);
+        msv_kvd_release(b, id);
     }
 
     tap_ok(rc == 0 && wa <= tol, "%s: (a) prefill, all logits: max rel err "
@@ -377,7 +379,7 @@ test_fixture(const char *base, const char *fname,
         for (i = 0; i < fx.n; i++) {
             st[i].done = 0;
             st[i].start = i;
-            if (ops->kv_reserve(b, fx.n + 1 - i, fx.len[i]) != 0) {
+            if (msv_kvd_reserve(b, fx.n + 1 - i, fx.len[i]) != 0) {
                 rc = -1;
                 snprintf(err, sizeof(err), "kv_reserve failed");
             }
@@ -441,7 +443,7 @@ test_fixture(const char *base, const char *fname,
         }
 
         for (i = 0; i < fx.n; i++) {
-            ops->kv_release(b, fx.n + 1 - i);
+            msv_kvd_release(b, fx.n + 1 - i);
         }
 
         tap_ok(rc == 0 && wc <= tol, "%s: (c) mixed prefill/decode batches "
@@ -450,7 +452,7 @@ test_fixture(const char *base, const char *fname,
                rc ? err : "");
     }
 
-    tap_ok(ops->kv_free(b) == (uint64_t) (fx.n + 3)
+    tap_ok(msv_kvd_free(b) == (uint64_t) (fx.n + 3)
                               * ((maxlen + 5 + MSV_KV_BLOCK - 1)
                                  / MSV_KV_BLOCK) * MSV_KV_BLOCK,
            "%s: every KV page returned", name);
@@ -463,7 +465,7 @@ done:
     free(p0);
     free(tk);
     free(st);
-    ops->destroy(b);
+    msv_kvd_destroy(ops, b);
     fixture_free(&fx);
     msv_weights_free(&w);
 }
@@ -480,7 +482,7 @@ prefill_chunks(struct msv_backend *b, uint32_t id, const int32_t *toks,
 {
     uint32_t  pos, take;
 
-    if (msv_backend_cpu.kv_reserve(b, id, n) != 0) {
+    if (msv_kvd_reserve(b, id, n) != 0) {
         snprintf(err, sizeof(err), "kv_reserve(%u) failed", n);
         return -1;
     }
@@ -517,7 +519,8 @@ test_consistency(const char *label, const struct msv_model_config *cfg,
         return;
     }
 
-    b = msv_backend_cpu.create(cfg, &w, 8, 128, 0, 2, err, sizeof(err));
+    b = msv_kvd_create(&msv_backend_cpu, cfg, &w, 8, 128, 0, 2, err,
+                       sizeof(err));
     if (!tap_ok(b != NULL, "%s: backend created (%s)", label,
                 b ? "ok" : err))
     {
@@ -566,14 +569,14 @@ test_consistency(const char *label, const struct msv_model_config *cfg,
            label, sd);
 
     for (i = 0; i < 3; i++) {
-        msv_backend_cpu.kv_release(b, i);
+        msv_kvd_release(b, i);
     }
 
     /* the same three prefills again on reused pages: bit for bit */
     rc = prefill_chunks(b, 4, toks[0], n, 0, c, V);
     tap_ok(rc == 0 && memcmp(a, c, (size_t) n * V * sizeof(float)) == 0,
            "%s: rerun on reused KV pages is bit-identical", label);
-    msv_backend_cpu.kv_release(b, 4);
+    msv_kvd_release(b, 4);
 
     /* three sequences in one batch, then a decode step for all three */
     id[0] = 5; id[1] = 2; id[2] = 7;
@@ -583,7 +586,7 @@ test_consistency(const char *label, const struct msv_model_config *cfg,
     for (i = 0; i < 3; i++) {
         memcpy(all + r, toks[i], nn[i] * sizeof(int32_t));
         r += nn[i];
-        rc |= msv_backend_cpu.kv_reserve(b, id[i], nn[i] + 1);
+        rc |= msv_kvd_reserve(b, id[i], nn[i] + 1);
     }
     rc |= run(&msv_backend_cpu, b, 3, id, nn, p0, all, 1, m);
 
@@ -595,7 +598,7 @@ test_consistency(const char *label, const struct msv_model_config *cfg,
             rc = -1;
             break;
         }
-        msv_backend_cpu.kv_release(b, 0);
+        msv_kvd_release(b, 0);
         for (j = 0; j < nn[i]; j++) {
             double  x = row_err(m + (size_t) (r + j) * V,
                                 d + (size_t) j * V, V);
@@ -617,7 +620,7 @@ test_consistency(const char *label, const struct msv_model_config *cfg,
                 rc = -1;
                 break;
             }
-            msv_backend_cpu.kv_release(b, 0);
+            msv_kvd_release(b, 0);
             double  x = row_err(m + (size_t) i * V, d + (size_t) nn[i] * V,
                                 V);
             e3 = x > e3 ? x : e3;
@@ -628,14 +631,14 @@ test_consistency(const char *label, const struct msv_model_config *cfg,
            label, e3, rc ? ": " : "", rc ? err : "");
 
     for (i = 0; i < 3; i++) {
-        msv_backend_cpu.kv_release(b, id[i]);
+        msv_kvd_release(b, id[i]);
     }
 
     free(a);
     free(c);
     free(d);
     free(m);
-    msv_backend_cpu.destroy(b);
+    msv_kvd_destroy(&msv_backend_cpu, b);
     msv_weights_free(&w);
 }
 
@@ -666,9 +669,12 @@ test_tiny(void)
         return;
     }
 
-    b1 = msv_backend_cpu.create(&cfg, &w1, 2, 64, 0, 1, err, sizeof(err));
-    b2 = msv_backend_cpu.create(&cfg, &w2, 2, 64, 0, 3, err, sizeof(err));
-    b3 = msv_backend_cpu.create(&cfg, &w3, 2, 64, 0, 0, err, sizeof(err));
+    b1 = msv_kvd_create(&msv_backend_cpu, &cfg, &w1, 2, 64, 0, 1, err,
+                        sizeof(err));
+    b2 = msv_kvd_create(&msv_backend_cpu, &cfg, &w2, 2, 64, 0, 3, err,
+                        sizeof(err));
+    b3 = msv_kvd_create(&msv_backend_cpu, &cfg, &w3, 2, 64, 0, 0, err,
+                        sizeof(err));
     if (!tap_ok(b1 && b2 && b3, "three backends created%s%s",
                 b1 && b2 && b3 ? "" : ": ", b1 && b2 && b3 ? "" : err))
     {
@@ -685,9 +691,9 @@ test_tiny(void)
     l2 = malloc((size_t) n * V * sizeof(float));
     l3 = malloc((size_t) n * V * sizeof(float));
 
-    rc = msv_backend_cpu.kv_reserve(b1, id, n)
-         | msv_backend_cpu.kv_reserve(b2, id, n)
-         | msv_backend_cpu.kv_reserve(b3, id, n)
+    rc = msv_kvd_reserve(b1, id, n)
+         | msv_kvd_reserve(b2, id, n)
+         | msv_kvd_reserve(b3, id, n)
          | run(&msv_backend_cpu, b1, 1, &id, &n, &pos, toks, 1, l1)
          | run(&msv_backend_cpu, b2, 1, &id, &n, &pos, toks, 1, l2)
          | run(&msv_backend_cpu, b3, 1, &id, &n, &pos, toks, 1, l3);
@@ -705,9 +711,9 @@ test_tiny(void)
     free(l1);
     free(l2);
     free(l3);
-    msv_backend_cpu.destroy(b1);
-    msv_backend_cpu.destroy(b2);
-    msv_backend_cpu.destroy(b3);
+    msv_kvd_destroy(&msv_backend_cpu, b1);
+    msv_kvd_destroy(&msv_backend_cpu, b2);
+    msv_kvd_destroy(&msv_backend_cpu, b3);
     msv_weights_free(&w1);
     msv_weights_free(&w2);
     msv_weights_free(&w3);
@@ -772,31 +778,31 @@ test_kv_and_errors(void)
     }
 
     /* 4 pages of 16 tokens, 3 sequences of up to 64 */
-    b = ops->create(&cfg, &w, 3, 64, 64, 1, err, sizeof(err));
+    b = msv_kvd_create(ops, &cfg, &w, 3, 64, 64, 1, err, sizeof(err));
     if (!tap_ok(b != NULL, "backend with a 64-token KV pool")) {
         msv_weights_free(&w);
         return;
     }
     lg = malloc(40 * (size_t) cfg.vocab_size * sizeof(float));
 
-    tap_ok(ops->kv_free(b) == 64, "64 tokens free");
-    tap_ok(ops->kv_reserve(b, 0, 40) == 0 && ops->kv_free(b) == 16,
+    tap_ok(msv_kvd_free(b) == 64, "64 tokens free");
+    tap_ok(msv_kvd_reserve(b, 0, 40) == 0 && msv_kvd_free(b) == 16,
            "reserve 40 tokens takes 3 pages");
-    tap_ok(ops->kv_reserve(b, 1, 32) == -1 && ops->kv_free(b) == 16,
+    tap_ok(msv_kvd_reserve(b, 1, 32) == -1 && msv_kvd_free(b) == 16,
            "reserve beyond the pool fails and takes nothing");
-    tap_ok(ops->kv_reserve(b, 1, 16) == 0 && ops->kv_free(b) == 0,
+    tap_ok(msv_kvd_reserve(b, 1, 16) == 0 && msv_kvd_free(b) == 0,
            "the last page");
-    tap_ok(ops->kv_reserve(b, 0, 33) == 0 && ops->kv_free(b) == 0,
+    tap_ok(msv_kvd_reserve(b, 0, 33) == 0 && msv_kvd_free(b) == 0,
            "reserving what a sequence already has is free");
-    tap_ok(ops->kv_reserve(b, 0, 49) == -1 && ops->kv_free(b) == 0,
+    tap_ok(msv_kvd_reserve(b, 0, 49) == -1 && msv_kvd_free(b) == 0,
            "growing with no pages left fails");
-    tap_ok(ops->kv_reserve(b, 2, 65) == -1, "beyond max_len fails");
-    tap_ok(ops->kv_reserve(b, 3, 1) == -1, "sequence id beyond max_seqs "
+    tap_ok(msv_kvd_reserve(b, 2, 65) == -1, "beyond max_len fails");
+    tap_ok(msv_kvd_reserve(b, 3, 1) == -1, "sequence id beyond max_seqs "
            "fails");
-    ops->kv_release(b, 0);
-    tap_ok(ops->kv_free(b) == 48, "release gives 3 pages back");
-    ops->kv_release(b, 0);
-    tap_ok(ops->kv_free(b) == 48, "double release is harmless");
+    msv_kvd_release(b, 0);
+    tap_ok(msv_kvd_free(b) == 48, "release gives 3 pages back");
+    msv_kvd_release(b, 0);
+    tap_ok(msv_kvd_free(b) == 48, "double release is harmless");
 
     /* batch validation */
     id[0] = 1;
@@ -841,16 +847,30 @@ test_kv_and_errors(void)
     rc = run(ops, b, 1, id, nn, p0, toks, 0, lg);
     tap_ok(rc == 0, "and a valid batch still runs (%s)", rc ? err : "ok");
 
-    p0[0] = 5;          /* 3 tokens in the KV: a gap at 3 and 4 */
-    rc = run(ops, b, 1, id, nn, p0, toks, 0, lg);
-    tap_ok(rc == -1 && strstr(err, "gap") != NULL,
-           "positions past the KV's end: %s", err);
-    p0[0] = 0;
+    {
+        /* page ids are the allocator's; one outside the pool is refused */
+        static const uint32_t  bad_page[1] = { 1000 };
+        const uint32_t        *bad_tab[1] = { bad_page };
+        uint32_t               bad_n[1] = { 1 };
+        struct msv_batch       bt;
+
+        memset(&bt, 0, sizeof(bt));
+        bt.n_seqs = 1;
+        bt.seq = id;
+        bt.n_new = nn;
+        bt.pos0 = p0;
+        bt.tokens = toks;
+        bt.pages = bad_tab;
+        bt.n_pages = bad_n;
+        rc = ops->forward(b, &bt, lg, err, sizeof(err));
+        tap_ok(rc == -1 && strstr(err, "pool") != NULL,
+               "a page outside the pool: %s", err);
+    }
 
     free(lg);
-    ops->destroy(b);
+    msv_kvd_destroy(ops, b);
 
-    b = ops->create(&cfg, &w, 0, 48, 0, 1, err, sizeof(err));
+    b = msv_kvd_create(ops, &cfg, &w, 0, 48, 0, 1, err, sizeof(err));
     tap_ok(b == NULL && strstr(err, "max_seqs") != NULL,
            "create with max_seqs 0: %s", err);
 
