@@ -20,11 +20,7 @@ B=${B:-build-gpu}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_tests.log") 2>&1
 
-deb=/tmp/msv-deb
-mkdir -p "$deb"
-for f in .debs/*.deb; do dpkg -x "$f" "$deb"; done
-lib=$deb/usr/lib/x86_64-linux-gnu
-export CPPFLAGS="-I$deb/usr/include" LDFLAGS="-L$lib" LD_LIBRARY_PATH="$lib"
+MSV_DEBS=all . bench/gpu_env.sh
 
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader), $(nproc) cores"
 make -j"$(nproc)" B="$B" bins > "$OUT/build.log" 2>&1 \
@@ -34,4 +30,13 @@ cp .debs/ngx_http_maskserve_module.so "$B/nginx/src/objs/"
 
 export MSV_BUILD=$PWD/$B MSV_BACKEND=cuda
 export MSV_NGINX=$deb/usr/sbin/nginx MSV_REDIS=$deb/usr/bin/redis-server
-prove -j"${JOBS:-1}" $(ls "$B"/t/test_* | grep -v '\.d$') t/*.t
+prove -j"${JOBS:-1}" $(ls "$B"/t/test_* | grep -v '\.d$') t/*.t || true
+
+if [ "${CHECKS:-1}" = 1 ]; then
+    echo "== GPU sampler under compute-sanitizer (memcheck)"
+    MSV_GS_QUICK=1 compute-sanitizer --tool memcheck --leak-check no \
+        "$B/t/test_gpu_sampler" > "$OUT/sanitizer.log" 2>&1 || true
+    grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer.log" | head
+    echo "== kernels/check.sh -q -n (CUDA backend against the CPU backend)"
+    B=$B sh kernels/check.sh -q -n 2>&1 | tail -15
+fi

@@ -24,15 +24,7 @@ mkdir -p "$OUT"
 log=$OUT/gpu_worker.log
 exec > >(tee "$log") 2>&1
 
-if ! printf '#include <yajl/yajl_tree.h>\n' | cc -E -x c - >/dev/null 2>&1
-then
-    deb=/tmp/msv-deb
-    mkdir -p "$deb"
-    for f in .debs/libyajl*.deb; do dpkg -x "$f" "$deb"; done
-    export CPPFLAGS="-I$deb/usr/include"
-    export LDFLAGS="-L$deb/usr/lib/x86_64-linux-gnu"
-    export LD_LIBRARY_PATH="$deb/usr/lib/x86_64-linux-gnu"
-fi
+. bench/gpu_env.sh
 
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 echo "== build"
