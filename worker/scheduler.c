@@ -768,6 +768,20 @@ msv_sched_prepare(struct msv_sched *s, struct msv_seq *q, float *logits,
 }
 
 
+/* Append a sampled token to q's history; the finish it brings. */
+static uint32_t
+msv_sched_append(struct msv_sched *s, struct msv_seq *q, int32_t token)
+{
+    q->toks[q->n_prompt + q->n_out++] = token;
+    atomic_fetch_add_explicit(&s->c->tokens, 1, memory_order_relaxed);
+
+    if (msv_sched_is_stop(s, q, token)) {
+        return MSV_FINISH_STOP;
+    }
+    return q->n_out >= q->max_out ? MSV_FINISH_LENGTH : MSV_FINISH_NONE;
+}
+
+
 /* Take a sampled token: history, finish conditions, its row. */
 static int
 msv_sched_take(struct msv_sched *s, struct msv_seq *q,
@@ -784,17 +798,7 @@ msv_sched_take(struct msv_sched *s, struct msv_seq *q,
     }
 
     pos = q->n_out;
-    q->toks[q->n_prompt + q->n_out++] = o->token;
-
-    if (msv_sched_is_stop(s, q, o->token)) {
-        finish = MSV_FINISH_STOP;
-    } else if (q->n_out >= q->max_out) {
-        finish = MSV_FINISH_LENGTH;
-    } else {
-        finish = MSV_FINISH_NONE;
-    }
-
-    atomic_fetch_add_explicit(&s->c->tokens, 1, memory_order_relaxed);
+    finish = msv_sched_append(s, q, o->token);
 
     if (finish != MSV_FINISH_NONE) {
         return msv_sched_finish(s, q->slot, MSV_SLOT_RUNNING, q->cookie,
@@ -831,17 +835,7 @@ msv_sched_take_row(struct msv_sched *s, struct msv_seq *q,
         return;
     }
 
-    q->toks[q->n_prompt + q->n_out++] = r->token;
-
-    if (msv_sched_is_stop(s, q, r->token)) {
-        finish = MSV_FINISH_STOP;
-    } else if (q->n_out >= q->max_out) {
-        finish = MSV_FINISH_LENGTH;
-    } else {
-        finish = MSV_FINISH_NONE;
-    }
-
-    atomic_fetch_add_explicit(&s->c->tokens, 1, memory_order_relaxed);
+    finish = msv_sched_append(s, q, r->token);
 
     if (finish != MSV_FINISH_NONE) {
         (void) msv_sched_end(s, q->slot, MSV_SLOT_RUNNING, r->token, pos,
