@@ -28,7 +28,11 @@ make -j"$(nproc)" B="$B" bins > "$OUT/build.log" 2>&1 \
 mkdir -p "$B/nginx/src/objs"
 cp .debs/ngx_http_maskserve_module.so "$B/nginx/src/objs/"
 
-export MSV_BUILD=$PWD/$B MSV_BACKEND=cuda
+# batch invariant: the suite checks that a request gets the same answer
+# alone, in a crowd and from either of two workers
+export MSV_BUILD=$PWD/$B MSV_BACKEND=cuda MSV_WORKER_ARGS=--batch-invariant
+# the python3 first on the PATH has numpy and torch (t/50-client.t)
+export MSV_PYTHON=$(command -v python3)
 export MSV_NGINX=$deb/usr/sbin/nginx MSV_REDIS=$deb/usr/bin/redis-server
 prove -j"${JOBS:-1}" $(ls "$B"/t/test_* | grep -v '\.d$') t/*.t || true
 

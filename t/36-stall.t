@@ -112,9 +112,12 @@ sub worker0 { my $h = $t->health; $h ? ($h, $h->{workers}[0]) : () }
     close $fh;
 
     my $t2 = MsvTest->new;
+    # the CPU backend, whatever MSV_BACKEND says: a GPU makes no step of
+    # this model long enough
     my $big = $t2->start_worker(model => "$dir/long-step.json", slots => 2,
                                 max_model_len => 8192, threads => 1,
-                                args => ['--max-num-batched-tokens', 8192]);
+                                args => ['--max-num-batched-tokens', 8192,
+                                         '--backend', 'cpu']);
     $t2->start_nginx(http => "    maskserve_worker_stall_timeout 1s;\n");
 
     # a prefill in one step, longer each time until it outlasts the limit

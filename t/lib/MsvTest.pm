@@ -13,7 +13,9 @@ package MsvTest;
 #   MsvTest::check_choice($t, $req, $r->{json}{choices}[0]);
 #
 # Binaries come from $MSV_BUILD (default: build/ in the repository); the
-# worker runs on the CPU backend unless $MSV_BACKEND names another.
+# worker runs on the CPU backend unless $MSV_BACKEND names another, with
+# the extra flags in $MSV_WORKER_ARGS (bench/gpu_tests.sh: --batch-invariant,
+# the mode in which the CUDA backend answers alone as in a crowd).
 
 use strict;
 use warnings;
@@ -126,6 +128,7 @@ sub start_worker {
                 '--max-model-len', $o{max_model_len} // 512,
                 '--threads', $o{threads} // 1,
                 '--seed', $o{seed} // 1,
+                split(' ', $ENV{MSV_WORKER_ARGS} // ''),
                 @{ $o{args} // [] });
     my $start = -s $log // 0;
     my $pid = $self->_spawn($log, "$BUILD/maskserve-worker", @args);
