@@ -160,7 +160,7 @@ ngx_http_maskserve_abort_local(ngx_http_maskserve_main_conf_t *mcf,
 {
     uint32_t                      state;
     uint64_t                      cookie;
-    ngx_uint_t                    slot;
+    ngx_uint_t                    slot, n;
     ngx_http_maskserve_region_t  *rg;
 
     if (ngx_http_maskserve_route_find(mcf, id->data, id->len, &rg, &slot,
@@ -170,12 +170,12 @@ ngx_http_maskserve_abort_local(ngx_http_maskserve_main_conf_t *mcf,
         return NGX_DECLINED;
     }
 
-    msv_slot_cancel(rg->att.rg.ctrl, (uint32_t) slot, cookie);
-    msv_kick(rg->att.kick_fd);
+    /* every choice of the request (sampling_params.n): one slot each */
+    n = ngx_http_maskserve_route_cancel_id(rg, id->data, id->len);
 
     ngx_log_error(NGX_LOG_INFO, rg->log, 0,
-                  "maskserve: request \"%V\" aborted by id (\"%V\" slot %ui)",
-                  id, &rg->name, slot);
+                  "maskserve: request \"%V\" aborted by id (\"%V\" slot %ui, "
+                  "%ui slots)", id, &rg->name, slot, n);
 
     return NGX_OK;
 }
@@ -343,8 +343,7 @@ ngx_http_maskserve_status_local(ngx_http_request_t *r, ngx_str_t *id)
     uint32_t                         state;
     uint64_t                         cookie;
     ngx_buf_t                       *b;
-    ngx_uint_t                       slot;
-    struct msv_slot                 *s;
+    ngx_uint_t                       slot, n, out, running;
     ngx_http_maskserve_region_t     *rg;
     ngx_http_maskserve_main_conf_t  *mcf;
 
@@ -358,7 +357,12 @@ ngx_http_maskserve_status_local(ngx_http_request_t *r, ngx_str_t *id)
         return ngx_http_maskserve_not_found(r);
     }
 
-    s = msv_slot_at(rg->att.rg.ctrl, (uint32_t) slot);
+    /* the whole request: every choice's slot, the tokens of all */
+    n = ngx_http_maskserve_route_count_id(rg, id->data, id->len, &out,
+                                          &running);
+    if (n == 0) {
+        return ngx_http_maskserve_not_found(r);
+    }
 
     b = ngx_create_temp_buf(r->pool, id->len + rg->name.len + 256);
     if (b == NULL) {
@@ -367,11 +371,12 @@ ngx_http_maskserve_status_local(ngx_http_request_t *r, ngx_str_t *id)
 
     b->last = ngx_sprintf(b->last, "{\"request_id\":\"%V\",\"source\":"
                           "\"local\",\"record\":{\"state\":\"%s\","
-                          "\"worker\":\"%V\",\"slot\":%ui,"
-                          "\"prompt_tokens\":%uD,\"completion_tokens\":%uD}}",
-                          id, state == MSV_SLOT_RUNNING ? "running"
-                                                        : "admitted",
-                          &rg->name, slot, s->n_prompt, s->n_out);
+                          "\"worker\":\"%V\",\"slot\":%ui,\"choices\":%ui,"
+                          "\"prompt_tokens\":%uD,\"completion_tokens\":%ui}}",
+                          id, running ? "running" : "admitted",
+                          &rg->name, slot, n,
+                          msv_slot_at(rg->att.rg.ctrl, (uint32_t) slot)
+                              ->n_prompt, out);
 
     return ngx_http_maskserve_send_json(r, NGX_HTTP_OK, b);
 }

@@ -213,6 +213,7 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
     ctx->mode = g.params.mask_mode;
     ctx->logprobs = g.params.logprobs;
     ctx->prompt_tokens = g.n_prompt;
+    ctx->n_choices = g.params.n;
 
     if (g.params.has_seed) {
         ctx->seed = g.params.seed;
@@ -271,11 +272,11 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
         rg = other;
     }
 
-    ngx_log_debug5(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+    ngx_log_debug6(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "maskserve: \"%V\" admitted to \"%V\" slot %ui, "
-                   "%ui prompt tokens, stream %d",
-                   &ctx->id, &rg->name, ctx->slot, g.n_prompt,
-                   (int) ctx->stream);
+                   "%ui choices, %ui prompt tokens, stream %d",
+                   &ctx->id, &rg->name, ctx->slot, ctx->n_choices,
+                   g.n_prompt, (int) ctx->stream);
 
     ngx_http_maskserve_redis_req_update(&ctx->id, &rg->name, ctx->slot,
                                         ctx->cookie,

@@ -107,6 +107,13 @@ static ngx_command_t  ngx_http_maskserve_commands[] = {
       offsetof(ngx_http_maskserve_main_conf_t, stall_timeout),
       NULL },
 
+    { ngx_string("maskserve_max_n"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_maskserve_loc_conf_t, max_n),
+      NULL },
+
     { ngx_string("maskserve_max_support"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_maskserve_conf_max_support,
@@ -332,6 +339,7 @@ ngx_http_maskserve_create_loc_conf(ngx_conf_t *cf)
 
     lcf->max_prompt = NGX_CONF_UNSET_UINT;
     lcf->max_support = NGX_CONF_UNSET_UINT;
+    lcf->max_n = NGX_CONF_UNSET;
     lcf->flush = NGX_CONF_UNSET_UINT;
     lcf->flush_interval = NGX_CONF_UNSET_MSEC;
     lcf->output_limit = NGX_CONF_UNSET_SIZE;
@@ -358,6 +366,15 @@ ngx_http_maskserve_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                               0);
     ngx_conf_merge_size_value(conf->output_limit, prev->output_limit,
                               64 * 1024 * 1024);
+
+    ngx_conf_merge_value(conf->max_n, prev->max_n, 64);
+
+    if (conf->max_n < 1 || conf->max_n > MSV_MAX_N) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"maskserve_max_n\" must be in [1, %d]",
+                           MSV_MAX_N);
+        return NGX_CONF_ERROR;
+    }
 
     if (conf->output_limit < 4096) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,

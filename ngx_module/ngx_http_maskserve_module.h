@@ -53,6 +53,7 @@ typedef struct {
 /* One slot of a region as this process sees it. */
 typedef struct {
     ngx_http_maskserve_ctx_t      *ctx;      /* NULL: orphan, request gone */
+    ngx_uint_t                     choice;   /* the choice of ctx it runs */
     uint64_t                       cookie;
     unsigned                       used:1;
 } ngx_http_maskserve_slot_t;
@@ -103,6 +104,7 @@ typedef struct {
     ngx_array_t                   *regions;  /* ngx_uint_t; NULL: all */
     ngx_uint_t                     max_prompt;    /* 0: the model's */
     ngx_uint_t                     max_support;   /* 0: no cap */
+    ngx_int_t                      max_n;         /* choices a request */
     ngx_uint_t                     flush;
     ngx_msec_t                     flush_interval;
     size_t                         output_limit;
@@ -138,6 +140,19 @@ typedef struct {
     ngx_http_maskserve_sec_t       tlen;
     ngx_http_maskserve_sec_t       tids;
     ngx_http_maskserve_sec_t       tlps;
+
+    /* the slot that runs the choice (one slot per choice) */
+    ngx_uint_t                     slot;
+    uint64_t                       cookie;
+    uint64_t                       seed;
+    ngx_uint_t                     completion_tokens;
+    ngx_uint_t                     finish;        /* enum msv_finish */
+    ngx_uint_t                     abort_reason;  /* enum msv_abort */
+    unsigned                       admitted:1;    /* holds its slot */
+    unsigned                       done:1;        /* its last row came */
+    unsigned                       reported:1;    /* finish_reason sent */
+    unsigned                       seed_known:1;
+    unsigned                       started:1;     /* first row seen */
 } ngx_http_maskserve_choice_t;
 
 
@@ -145,7 +160,7 @@ struct ngx_http_maskserve_ctx_s {
     ngx_http_request_t            *r;        /* NULL once the request is gone */
     ngx_http_maskserve_loc_conf_t *lcf;
     ngx_http_maskserve_region_t   *region;
-    ngx_uint_t                     slot;
+    ngx_uint_t                     slot;     /* choice 0's: the record's */
     uint64_t                       cookie;
     ngx_str_t                      id;
 
@@ -157,12 +172,13 @@ struct ngx_http_maskserve_ctx_s {
     ngx_int_t                      logprobs;      /* -1: none */
     ngx_uint_t                     finish;        /* enum msv_finish */
     ngx_uint_t                     abort_reason;  /* enum msv_abort */
+    ngx_uint_t                     live;          /* choices not done */
 
     ngx_http_maskserve_err_t       err;           /* err.status 0: none */
 
     /* output, formatted as rows arrive */
     ngx_http_maskserve_choice_t   *choices;
-    ngx_uint_t                     n_choices;
+    ngx_uint_t                     n_choices;     /* sampling_params.n */
     ngx_chain_t                   *free;
     ngx_chain_t                   *busy;
     size_t                         buf_size;      /* of section buffers */
@@ -176,7 +192,7 @@ struct ngx_http_maskserve_ctx_s {
 
     unsigned                       stream:1;
     unsigned                       packed:1;      /* mask_format "packed" */
-    unsigned                       admitted:1;    /* holds a slot */
+    unsigned                       admitted:1;    /* holds slots */
     unsigned                       done:1;        /* no more rows */
     unsigned                       finished:1;    /* final output sent */
     unsigned                       header_sent:1;
@@ -184,6 +200,7 @@ struct ngx_http_maskserve_ctx_s {
     unsigned                       started:1;     /* first row seen */
     unsigned                       dirty:1;       /* in region->dirty */
     unsigned                       cancelled:1;
+    unsigned                       aborting:1;    /* every slot cancelled */
 };
 
 

@@ -60,6 +60,8 @@ static ngx_int_t ngx_http_maskserve_sec_b64(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const void *src, size_t n);
 static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec);
 static void ngx_http_maskserve_choice_reset(ngx_http_maskserve_choice_t *ch);
+static ngx_uint_t ngx_http_maskserve_choice_pending(
+    ngx_http_maskserve_choice_t *ch);
 static ngx_int_t ngx_http_maskserve_compose_choice(
     ngx_http_maskserve_ctx_t *ctx, ngx_http_maskserve_choice_t *ch,
     ngx_uint_t final, ngx_chain_t ***ll);
@@ -79,8 +81,12 @@ ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx)
 {
     ngx_uint_t  i;
 
-    /* one choice per request for now: every row is choice 0's */
-    ctx->n_choices = 1;
+    /* sampling_params.n, set by the caller: one slot runs each */
+    if (ctx->n_choices == 0) {
+        ctx->n_choices = 1;
+    }
+
+    ctx->live = ctx->n_choices;
     ctx->choices = ngx_pcalloc(ctx->r->pool, ctx->n_choices
                                * sizeof(ngx_http_maskserve_choice_t));
     if (ctx->choices == NULL) {
@@ -103,18 +109,15 @@ ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx)
 
 ngx_int_t
 ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
-    const struct msv_row *w)
+    ngx_http_maskserve_choice_t *ch, const struct msv_row *w)
 {
-    char                         *p;
-    ngx_int_t                     rc;
-    ngx_http_maskserve_choice_t  *ch;
+    char       *p;
+    ngx_int_t   rc;
 
     if (w->token < 0) {
         /* an abort row carries nothing */
         return NGX_OK;
     }
-
-    ch = &ctx->choices[0];
 
     /* token_ids */
 
@@ -133,6 +136,7 @@ ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
     ch->ids.buf->last = (u_char *) p;
 
     ctx->completion_tokens++;
+    ch->completion_tokens++;
 
     if (ctx->mode != MSV_MASK_OFF) {
 
@@ -352,15 +356,24 @@ ngx_http_maskserve_output_pending(ngx_http_maskserve_ctx_t *ctx)
     for (i = 0; i < ctx->n_choices; i++) {
         ch = &ctx->choices[i];
 
-        /* every row adds to ids; the others follow it */
-        if (ch->ids.count || ch->mask.count || ch->mlps.count
-            || ch->lpc.count)
+        /* a stream also tells a choice's end as soon as it is known */
+        if (ngx_http_maskserve_choice_pending(ch)
+            || (ctx->stream && ch->done && !ch->reported))
         {
             return 1;
         }
     }
 
     return 0;
+}
+
+
+static ngx_uint_t
+ngx_http_maskserve_choice_pending(ngx_http_maskserve_choice_t *ch)
+{
+    /* every row adds to ids; the others follow it */
+    return ch->ids.count || ch->mask.count || ch->mlps.count
+           || ch->lpc.count;
 }
 
 
@@ -375,10 +388,11 @@ ngx_chain_t *
 ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     ngx_uint_t final, off_t *len)
 {
-    u_char       *p;
-    ngx_buf_t    *b;
-    ngx_uint_t    i;
-    ngx_chain_t  *out, **ll, *cl;
+    u_char                       *p;
+    ngx_buf_t                    *b;
+    ngx_uint_t                    i, k;
+    ngx_chain_t                  *out, **ll, *cl;
+    ngx_http_maskserve_choice_t  *ch;
 
     out = NULL;
     ll = &out;
@@ -413,13 +427,26 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     *ll = cl;
     ll = &cl->next;
 
+    k = 0;
+
     for (i = 0; i < ctx->n_choices; i++) {
-        if (i && ngx_http_maskserve_glue(ctx, &ll, ",", 1) != NGX_OK) {
+        ch = &ctx->choices[i];
+
+        /*
+         * A stream event carries the choices that have new tokens or
+         * whose end is new (each says its index); a body carries all.
+         */
+        if (ctx->stream && !ngx_http_maskserve_choice_pending(ch)
+            && (ch->reported || !(ch->done || final)))
+        {
+            continue;
+        }
+
+        if (k++ && ngx_http_maskserve_glue(ctx, &ll, ",", 1) != NGX_OK) {
             return NULL;
         }
 
-        if (ngx_http_maskserve_compose_choice(ctx, &ctx->choices[i], final,
-                                              &ll)
+        if (ngx_http_maskserve_compose_choice(ctx, ch, final, &ll)
             != NGX_OK)
         {
             return NULL;
@@ -509,6 +536,13 @@ ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
 
     p = ngx_cpymem(cl->buf->last, "{\"index\":", 9);
     p = (u_char *) msv_fmt_u64((char *) p, ch->index);
+
+    if (ctx->n_choices > 1 && ch->seed_known) {
+        /* choice i runs with seed s + i, or one the worker drew for it */
+        p = ngx_cpymem(p, ",\"seed\":", 8);
+        p = (u_char *) msv_fmt_u64((char *) p, ch->seed);
+    }
+
     p = ngx_cpymem(p, ",\"token_ids\":[", 14);
     cl->buf->last = p;
 
@@ -590,8 +624,15 @@ ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
 
     p = (u_char *) ngx_cpystrn(cl->buf->last, (u_char *) close, 4);
     p = ngx_cpymem(p, ",\"finish_reason\":", 17);
-    p = (u_char *) ngx_cpystrn(p, (u_char *) finish[final ? ctx->finish : 0],
-                               16);
+    /* a choice's end is told once: in its last event, or in the body */
+    if ((ch->done || final) && !ch->reported) {
+        ch->reported = 1;
+        p = (u_char *) ngx_cpystrn(p, (u_char *) finish[ch->finish], 16);
+
+    } else {
+        p = ngx_cpymem(p, "null", 4);
+    }
+
     *p++ = '}';
     cl->buf->last = p;
 

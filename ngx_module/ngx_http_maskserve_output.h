@@ -34,16 +34,20 @@ ngx_int_t ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx);
  * limit is exceeded, no memory); ctx->err says why.
  */
 ngx_int_t ngx_http_maskserve_output_row(ngx_http_maskserve_ctx_t *ctx,
-    const struct msv_row *w);
+    ngx_http_maskserve_choice_t *ch, const struct msv_row *w);
 
-/* Does any section hold output not sent yet? */
+/*
+ * Does any section hold output not sent yet (or, streaming, has a choice
+ * ended that no event told yet)?
+ */
 ngx_int_t ngx_http_maskserve_output_pending(ngx_http_maskserve_ctx_t *ctx);
 
 /*
  * Link the sections into a chain, empty them, and return the chain and its
- * length.  Stream: one "data: {...}\n\n" event, with finish_reason and
- * usage when final, then "data: [DONE]\n\n".  Otherwise the whole JSON
- * body.  NULL when out of memory.
+ * length.  Stream: one "data: {...}\n\n" event of the choices with new
+ * tokens or a new end (each choice's finish_reason in the event that ends
+ * it), with usage when final, then "data: [DONE]\n\n".  Otherwise the
+ * whole JSON body, every choice.  NULL when out of memory.
  */
 ngx_chain_t *ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     ngx_uint_t final, off_t *len);

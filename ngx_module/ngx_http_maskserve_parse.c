@@ -316,6 +316,21 @@ ngx_http_maskserve_check_generate(ngx_http_request_t *r,
         return ngx_http_maskserve_invalid(r, err, param, "%s", msg);
     }
 
+    /* each choice takes a slot of its own, all of them at once */
+    if (g->params.n > (uint32_t) lcf->max_n) {
+        return ngx_http_maskserve_invalid(r, err, "sampling_params.n",
+                                          "sampling_params.n %uD exceeds "
+                                          "maskserve_max_n %i",
+                                          g->params.n, lcf->max_n);
+    }
+
+    if (g->params.n > c->n_slots) {
+        return ngx_http_maskserve_invalid(r, err, "sampling_params.n",
+                                          "sampling_params.n %uD exceeds "
+                                          "the worker's %uD request slots",
+                                          g->params.n, c->n_slots);
+    }
+
     /* max_tokens to the context left, top_k to the vocabulary */
     msv_params_fit(&g->params, (uint32_t) g->n_prompt, &lim);
 

@@ -30,6 +30,12 @@
 #include "ngx_http_maskserve_redis.h"
 
 
+static void ngx_http_maskserve_route_finish(ngx_http_maskserve_ctx_t *ctx);
+static void ngx_http_maskserve_route_release(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch);
+static ngx_int_t ngx_http_maskserve_route_match(struct msv_ctrl *c,
+    uint32_t i, u_char *id, size_t len, uint64_t *cookie, uint32_t *state);
+
 
 /* One row of the ring: route it to its request by slot and cookie. */
 
@@ -38,8 +44,9 @@ ngx_http_maskserve_route_row(void *ud, uint64_t seq, const struct msv_row *w)
 {
     ngx_http_maskserve_region_t  *rg = ud;
 
-    ngx_http_maskserve_ctx_t   *ctx;
-    ngx_http_maskserve_slot_t  *e;
+    ngx_http_maskserve_ctx_t     *ctx;
+    ngx_http_maskserve_slot_t    *e;
+    ngx_http_maskserve_choice_t  *ch;
 
     if (w->slot >= rg->n_slots) {
         return 0;
@@ -66,28 +73,40 @@ ngx_http_maskserve_route_row(void *ud, uint64_t seq, const struct msv_row *w)
         return 0;
     }
 
+    ch = &ctx->choices[e->choice];
+
+    if (!ch->started) {
+        ch->started = 1;
+
+        if (!ch->seed_known) {
+            ch->seed = msv_slot_at(rg->att.rg.ctrl, w->slot)->seed_used;
+            ch->seed_known = 1;
+        }
+
+        if (ch->index == 0 && !ctx->seed_known) {
+            ctx->seed = ch->seed;
+            ctx->seed_known = 1;
+        }
+    }
+
     if (!ctx->started) {
         ctx->started = 1;
 
-        if (!ctx->seed_known) {
-            ctx->seed = msv_slot_at(rg->att.rg.ctrl, w->slot)->seed_used;
-            ctx->seed_known = 1;
-        }
-
-        ngx_http_maskserve_redis_req_update(&ctx->id, &rg->name, w->slot,
-                                            w->cookie,
+        ngx_http_maskserve_redis_req_update(&ctx->id, &rg->name, ctx->slot,
+                                            ctx->cookie,
                                             NGX_HTTP_MASKSERVE_REQ_RUNNING,
                                             ctx->prompt_tokens, 0, NULL);
     }
 
-    if (ngx_http_maskserve_output_row(ctx, w) != NGX_OK) {
+    if (ngx_http_maskserve_output_row(ctx, ch, w) != NGX_OK) {
         /* the request failed (support cap, output limit, memory) */
         ctx->done = 1;
 
         if (w->finish != MSV_FINISH_NONE) {
-            goto release;
+            ngx_http_maskserve_route_release(ctx, ch);
         }
 
+        /* the other choices' slots become orphans */
         ngx_http_maskserve_route_cancel(ctx);
         ngx_http_maskserve_route_dirty(ctx);
         return 0;
@@ -118,29 +137,114 @@ ngx_http_maskserve_route_row(void *ud, uint64_t seq, const struct msv_row *w)
     }
 
     if (w->finish <= MSV_FINISH_ABORT) {
-        ctx->finish = w->finish;
-        ctx->abort_reason = w->abort_reason;
+        ch->finish = w->finish;
+        ch->abort_reason = w->abort_reason;
 
     } else {
         /* a finish this module does not know: an abort it can explain */
-        ctx->finish = MSV_FINISH_ABORT;
-        ctx->abort_reason = MSV_ABORT_INTERNAL;
+        ch->finish = MSV_FINISH_ABORT;
+        ch->abort_reason = MSV_ABORT_INTERNAL;
     }
 
-    ctx->done = 1;
-
-release:
-
     /* the row is formatted: the slot may go back to the worker */
-    (void) msv_slot_release(rg->att.rg.ctrl, w->slot, w->cookie);
-    e->used = 0;
-    e->ctx = NULL;
-    rg->inflight--;
-    ctx->admitted = 0;
+    ngx_http_maskserve_route_release(ctx, ch);
+    ch->done = 1;
+    ctx->live--;
+
+    if (ch->finish == MSV_FINISH_ABORT) {
+
+        if (ch->abort_reason != MSV_ABORT_CANCELLED) {
+            /*
+             * The worker stopped it for its own reasons (shutdown, no
+             * KV, a fault): the request fails as a whole, and says why.
+             */
+            ctx->finish = MSV_FINISH_ABORT;
+            ctx->abort_reason = ch->abort_reason;
+            ctx->done = 1;
+            ngx_http_maskserve_route_cancel(ctx);
+            ngx_http_maskserve_route_dirty(ctx);
+            return 0;
+        }
+
+        /* an abort acts on the whole request: stop the other choices */
+        ngx_http_maskserve_route_abort(ctx);
+    }
+
+    if (ctx->live == 0) {
+        ngx_http_maskserve_route_finish(ctx);
+        ctx->done = 1;
+    }
 
     ngx_http_maskserve_route_dirty(ctx);
 
     return 0;
+}
+
+
+/*
+ * The request's finish reason, for the log variable and the Redis record:
+ * "abort" when a choice was aborted, else "length" when a choice ran to
+ * its length, else "stop".
+ */
+
+static void
+ngx_http_maskserve_route_finish(ngx_http_maskserve_ctx_t *ctx)
+{
+    ngx_uint_t                    i;
+    ngx_http_maskserve_choice_t  *ch;
+
+    ctx->finish = MSV_FINISH_STOP;
+    ctx->abort_reason = MSV_ABORT_NONE;
+
+    for (i = 0; i < ctx->n_choices; i++) {
+        ch = &ctx->choices[i];
+
+        if (ch->finish == MSV_FINISH_ABORT) {
+            ctx->finish = MSV_FINISH_ABORT;
+            ctx->abort_reason = ch->abort_reason;
+            return;
+        }
+
+        if (ch->finish == MSV_FINISH_LENGTH) {
+            ctx->finish = MSV_FINISH_LENGTH;
+        }
+    }
+}
+
+
+/* A choice's last row is consumed: its slot goes back to the worker. */
+
+static void
+ngx_http_maskserve_route_release(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch)
+{
+    ngx_uint_t                    i;
+    ngx_http_maskserve_region_t  *rg;
+    ngx_http_maskserve_slot_t    *e;
+
+    if (!ch->admitted) {
+        return;
+    }
+
+    rg = ctx->region;
+    e = &rg->slots[ch->slot];
+    ch->admitted = 0;
+
+    if (e->used && e->cookie == ch->cookie) {
+        (void) msv_slot_release(rg->att.rg.ctrl, (uint32_t) ch->slot,
+                                ch->cookie);
+        e->used = 0;
+        e->ctx = NULL;
+        rg->inflight--;
+    }
+
+    for (i = 0; i < ctx->n_choices; i++) {
+        if (ctx->choices[i].admitted) {
+            return;
+        }
+    }
+
+    ctx->admitted = 0;
 }
 
 
@@ -241,66 +345,108 @@ ngx_int_t
 ngx_http_maskserve_route_submit(ngx_http_maskserve_region_t *rg,
     ngx_http_maskserve_ctx_t *ctx, ngx_http_maskserve_gen_t *g)
 {
-    int                         i;
-    uint64_t                    cookie;
-    struct msv_ctrl            *c;
-    ngx_http_maskserve_ctx_t   *other;
-    ngx_http_maskserve_slot_t  *e;
+    int                           i;
+    uint64_t                      cookie;
+    ngx_uint_t                    k, n, taken;
+    struct msv_ctrl              *c;
+    struct msv_params             params;
+    ngx_http_maskserve_ctx_t     *other;
+    ngx_http_maskserve_slot_t    *e;
+    ngx_http_maskserve_choice_t  *ch;
 
     c = rg->att.rg.ctrl;
+    n = ctx->n_choices;
 
-    i = msv_slot_claim(c, rg->att.reader, (int32_t) ngx_pid);
-    if (i < 0) {
-        return NGX_DECLINED;
+    /* a slot for every choice, or none: the group runs whole */
+
+    for (k = 0; k < n; k++) {
+        i = msv_slot_claim(c, rg->att.reader, (int32_t) ngx_pid);
+
+        if (i >= 0 && (ngx_uint_t) i >= rg->n_slots) {
+            ngx_log_error(NGX_LOG_ALERT, rg->log, 0,
+                          "maskserve: claimed slot %d of %ui in \"%V\"",
+                          i, rg->n_slots, &rg->name);
+            msv_slot_unclaim(c, (uint32_t) i);
+            i = -1;
+        }
+
+        if (i < 0) {
+            while (k--) {
+                msv_slot_unclaim(c, (uint32_t) ctx->choices[k].slot);
+            }
+
+            return NGX_DECLINED;
+        }
+
+        ctx->choices[k].slot = (ngx_uint_t) i;
     }
 
-    if ((ngx_uint_t) i >= rg->n_slots) {
-        ngx_log_error(NGX_LOG_ALERT, rg->log, 0,
-                      "maskserve: claimed slot %d of %ui in \"%V\"",
-                      i, rg->n_slots, &rg->name);
-        msv_slot_unclaim(c, (uint32_t) i);
-        return NGX_DECLINED;
-    }
+    taken = 0;
 
-    e = &rg->slots[i];
-    other = NULL;
+    for (k = 0; k < n; k++) {
+        ch = &ctx->choices[k];
+        e = &rg->slots[ch->slot];
 
-    if (e->used) {
+        if (e->used) {
+            /*
+             * The worker took the slot back while we still listed it (it
+             * evicted this reader): the request that had it cannot go on.
+             */
+            other = e->ctx;
+            rg->inflight--;
+            taken = 1;
+
+            if (other) {
+                /* not that slot: it is ours now */
+                other->choices[e->choice].admitted = 0;
+            }
+
+            if (other && !other->done) {
+                other->done = 1;
+                ngx_http_maskserve_error(&other->err, NGX_HTTP_BAD_GATEWAY,
+                                         NGX_HTTP_MASKSERVE_SERVER, NULL,
+                                         "the maskserve worker took back "
+                                         "the slot of this request");
+                ngx_http_maskserve_route_cancel(other);
+                ngx_http_maskserve_route_dirty(other);
+            }
+        }
+
         /*
-         * The worker took the slot back while we still listed it (it
-         * evicted this reader): the request that had it cannot go on.
+         * Choice i runs with seed s + i (mod 2^64), so that it gives what
+         * a request of its own with that seed gives; without a seed the
+         * worker draws one per slot.
          */
-        other = e->ctx;
-        rg->inflight--;
+        params = g->params;
+        params.seed += k;
 
-        if (other && !other->done) {
-            other->admitted = 0;
-            other->done = 1;
-            ngx_http_maskserve_error(&other->err, NGX_HTTP_BAD_GATEWAY,
-                                     NGX_HTTP_MASKSERVE_SERVER, NULL,
-                                     "the maskserve worker took back the "
-                                     "slot of this request");
-            ngx_http_maskserve_route_dirty(other);
+        cookie = msv_slot_submit(c, (uint32_t) ch->slot, (char *) ctx->id.data,
+                                 &params, g->prompt, (uint32_t) g->n_prompt,
+                                 g->bias);
+
+        e->used = 1;
+        e->ctx = ctx;
+        e->choice = k;
+        e->cookie = cookie;
+        rg->inflight++;
+
+        ch->cookie = cookie;
+        ch->admitted = 1;
+
+        if (params.has_seed) {
+            ch->seed = params.seed;
+            ch->seed_known = 1;
         }
     }
 
-    cookie = msv_slot_submit(c, (uint32_t) i, (char *) ctx->id.data,
-                             &g->params, g->prompt, (uint32_t) g->n_prompt,
-                             g->bias);
-
-    e->used = 1;
-    e->ctx = ctx;
-    e->cookie = cookie;
-    rg->inflight++;
-
     ctx->region = rg;
-    ctx->slot = (ngx_uint_t) i;
-    ctx->cookie = cookie;
+    ctx->slot = ctx->choices[0].slot;
+    ctx->cookie = ctx->choices[0].cookie;
     ctx->admitted = 1;
 
     msv_kick(rg->att.kick_fd);
 
-    if (other) {
+    if (taken) {
         ngx_http_maskserve_route_flush(rg);
     }
 
@@ -311,8 +457,10 @@ ngx_http_maskserve_route_submit(ngx_http_maskserve_region_t *rg,
 void
 ngx_http_maskserve_route_cancel(ngx_http_maskserve_ctx_t *ctx)
 {
+    ngx_uint_t                    k, kick;
     ngx_http_maskserve_region_t  *rg;
     ngx_http_maskserve_slot_t    *e;
+    ngx_http_maskserve_choice_t  *ch;
 
     if (!ctx->admitted) {
         return;
@@ -322,15 +470,65 @@ ngx_http_maskserve_route_cancel(ngx_http_maskserve_ctx_t *ctx)
     ctx->admitted = 0;
     ctx->cancelled = 1;
 
-    if (!rg->attached || ctx->slot >= rg->n_slots) {
+    if (!rg->attached) {
         return;
     }
 
-    e = &rg->slots[ctx->slot];
+    kick = 0;
 
-    if (e->used && e->cookie == ctx->cookie) {
-        e->ctx = NULL;
-        msv_slot_cancel(rg->att.rg.ctrl, (uint32_t) ctx->slot, ctx->cookie);
+    for (k = 0; k < ctx->n_choices; k++) {
+        ch = &ctx->choices[k];
+
+        if (!ch->admitted || ch->slot >= rg->n_slots) {
+            continue;
+        }
+
+        ch->admitted = 0;
+        e = &rg->slots[ch->slot];
+
+        if (e->used && e->cookie == ch->cookie) {
+            e->ctx = NULL;
+            msv_slot_cancel(rg->att.rg.ctrl, (uint32_t) ch->slot, ch->cookie);
+            kick = 1;
+        }
+    }
+
+    if (kick) {
+        msv_kick(rg->att.kick_fd);
+    }
+}
+
+
+void
+ngx_http_maskserve_route_abort(ngx_http_maskserve_ctx_t *ctx)
+{
+    ngx_uint_t                    k, kick;
+    ngx_http_maskserve_region_t  *rg;
+    ngx_http_maskserve_choice_t  *ch;
+
+    if (!ctx->admitted || ctx->aborting) {
+        return;
+    }
+
+    rg = ctx->region;
+    ctx->aborting = 1;
+
+    if (!rg->attached) {
+        return;
+    }
+
+    kick = 0;
+
+    for (k = 0; k < ctx->n_choices; k++) {
+        ch = &ctx->choices[k];
+
+        if (ch->admitted && ch->slot < rg->n_slots) {
+            msv_slot_cancel(rg->att.rg.ctrl, (uint32_t) ch->slot, ch->cookie);
+            kick = 1;
+        }
+    }
+
+    if (kick) {
         msv_kick(rg->att.kick_fd);
     }
 }
@@ -345,7 +543,6 @@ ngx_http_maskserve_route_find(ngx_http_maskserve_main_conf_t *mcf, u_char *id,
     uint64_t                      ck;
     ngx_uint_t                    k;
     struct msv_ctrl              *c;
-    struct msv_slot              *s;
     ngx_http_maskserve_region_t  *rg;
 
     if (len == 0 || len > MSV_REQ_ID_MAX) {
@@ -362,25 +559,9 @@ ngx_http_maskserve_route_find(ngx_http_maskserve_main_conf_t *mcf, u_char *id,
         c = rg->att.rg.ctrl;
 
         for (i = 0; i < c->n_slots; i++) {
-            st = msv_slot_state(c, i);
-
-            if (st != MSV_SLOT_CLAIMED && st != MSV_SLOT_SUBMITTED
-                && st != MSV_SLOT_RUNNING)
+            if (ngx_http_maskserve_route_match(c, i, id, len, &ck, &st)
+                != NGX_OK)
             {
-                continue;
-            }
-
-            s = msv_slot_at(c, i);
-            ck = s->cookie;
-
-            if (ngx_strncmp(s->request_id, id, len) != 0
-                || s->request_id[len] != '\0')
-            {
-                continue;
-            }
-
-            /* the slot may have changed hands while we compared */
-            if (s->cookie != ck || msv_slot_state(c, i) != st) {
                 continue;
             }
 
@@ -396,3 +577,103 @@ ngx_http_maskserve_route_find(ngx_http_maskserve_main_conf_t *mcf, u_char *id,
     return NGX_DECLINED;
 }
 
+
+
+ngx_uint_t
+ngx_http_maskserve_route_cancel_id(ngx_http_maskserve_region_t *rg,
+    u_char *id, size_t len)
+{
+    uint32_t          i, st;
+    uint64_t          ck;
+    ngx_uint_t        n;
+    struct msv_ctrl  *c;
+
+    c = rg->att.rg.ctrl;
+    n = 0;
+
+    /* every choice of the request: one slot each, all in one region */
+    for (i = 0; i < c->n_slots; i++) {
+        if (ngx_http_maskserve_route_match(c, i, id, len, &ck, &st)
+            == NGX_OK)
+        {
+            msv_slot_cancel(c, i, ck);
+            n++;
+        }
+    }
+
+    if (n) {
+        msv_kick(rg->att.kick_fd);
+    }
+
+    return n;
+}
+
+
+ngx_uint_t
+ngx_http_maskserve_route_count_id(ngx_http_maskserve_region_t *rg,
+    u_char *id, size_t len, ngx_uint_t *out, ngx_uint_t *running)
+{
+    uint32_t          i, st;
+    uint64_t          ck;
+    ngx_uint_t        n;
+    struct msv_ctrl  *c;
+
+    c = rg->att.rg.ctrl;
+    n = 0;
+    *out = 0;
+    *running = 0;
+
+    for (i = 0; i < c->n_slots; i++) {
+        if (ngx_http_maskserve_route_match(c, i, id, len, &ck, &st)
+            == NGX_OK)
+        {
+            *out += msv_slot_at(c, i)->n_out;
+            *running += (st == MSV_SLOT_RUNNING);
+            n++;
+        }
+    }
+
+    return n;
+}
+
+
+/*
+ * Is slot i in flight (claimed, submitted or running) for request id?
+ * NGX_OK with its cookie and state, read consistently, or NGX_DECLINED.
+ */
+
+static ngx_int_t
+ngx_http_maskserve_route_match(struct msv_ctrl *c, uint32_t i, u_char *id,
+    size_t len, uint64_t *cookie, uint32_t *state)
+{
+    uint32_t          st;
+    uint64_t          ck;
+    struct msv_slot  *s;
+
+    st = msv_slot_state(c, i);
+
+    if (st != MSV_SLOT_CLAIMED && st != MSV_SLOT_SUBMITTED
+        && st != MSV_SLOT_RUNNING)
+    {
+        return NGX_DECLINED;
+    }
+
+    s = msv_slot_at(c, i);
+    ck = s->cookie;
+
+    if (ngx_strncmp(s->request_id, id, len) != 0
+        || s->request_id[len] != '\0')
+    {
+        return NGX_DECLINED;
+    }
+
+    /* the slot may have changed hands while we compared */
+    if (s->cookie != ck || msv_slot_state(c, i) != st) {
+        return NGX_DECLINED;
+    }
+
+    *cookie = ck;
+    *state = st;
+
+    return NGX_OK;
+}

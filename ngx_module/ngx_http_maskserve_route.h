@@ -28,19 +28,27 @@ ngx_http_maskserve_region_t *ngx_http_maskserve_route_pick(
     ngx_http_maskserve_err_t *err);
 
 /*
- * Claim a slot in rg, fill and publish it, kick the worker and enter the
- * request in this process's slot table.  NGX_OK, or NGX_DECLINED when no
- * slot is free.
+ * Claim a slot in rg for each choice of the request (ctx->n_choices, all
+ * or none), fill and publish them (choice i with seed s + i), kick the
+ * worker and enter the request in this process's slot table.  NGX_OK, or
+ * NGX_DECLINED when not enough slots are free.
  */
 ngx_int_t ngx_http_maskserve_route_submit(ngx_http_maskserve_region_t *rg,
     ngx_http_maskserve_ctx_t *ctx, ngx_http_maskserve_gen_t *g);
 
 /*
- * The request stops before its last row: set the slot's cancel flag and
- * leave the slot table entry as an orphan, released when the worker's
- * final row for it arrives.
+ * The request stops before its last row: set the cancel flag of every
+ * slot it holds and leave their slot table entries as orphans, released
+ * when the worker's final row for each arrives.
  */
 void ngx_http_maskserve_route_cancel(ngx_http_maskserve_ctx_t *ctx);
+
+/*
+ * An abort of the whole request: set the cancel flag of every slot it
+ * still holds, keeping them routed to it, so that each choice ends with
+ * "abort" and the tokens it produced.
+ */
+void ngx_http_maskserve_route_abort(ngx_http_maskserve_ctx_t *ctx);
 
 /* Put ctx on its region's list of contexts with output to flush. */
 void ngx_http_maskserve_route_dirty(ngx_http_maskserve_ctx_t *ctx);
@@ -53,6 +61,20 @@ void ngx_http_maskserve_route_dirty(ngx_http_maskserve_ctx_t *ctx);
 ngx_int_t ngx_http_maskserve_route_find(ngx_http_maskserve_main_conf_t *mcf,
     u_char *id, size_t len, ngx_http_maskserve_region_t **rgp,
     ngx_uint_t *slot, uint64_t *cookie, uint32_t *state);
+
+/*
+ * Set the cancel flag of every slot of rg in flight for request id (every
+ * choice of it), whichever process serves it.  The number of slots.
+ */
+ngx_uint_t ngx_http_maskserve_route_cancel_id(ngx_http_maskserve_region_t *rg,
+    u_char *id, size_t len);
+
+/*
+ * The slots of rg in flight for request id (its choices), with the tokens
+ * they produced so far and how many run.
+ */
+ngx_uint_t ngx_http_maskserve_route_count_id(ngx_http_maskserve_region_t *rg,
+    u_char *id, size_t len, ngx_uint_t *out, ngx_uint_t *running);
 
 /*
  * The ring consumer's callback (msv_consume, ud: the region): format the

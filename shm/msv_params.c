@@ -27,7 +27,7 @@ _Static_assert(MSV_IS4(max_tokens) && MSV_IS4(min_tokens)
                && MSV_IS4(temperature) && MSV_IS4(top_p) && MSV_IS4(min_p)
                && MSV_IS4(top_k) && MSV_IS4(repetition_penalty)
                && MSV_IS4(presence_penalty) && MSV_IS4(frequency_penalty)
-               && MSV_IS4(ignore_eos) && MSV_IS4(logprobs),
+               && MSV_IS4(ignore_eos) && MSV_IS4(logprobs) && MSV_IS4(n),
                "struct msv_params: scalar fields of 4 bytes");
 
 
@@ -78,6 +78,9 @@ const struct msv_param_rule  msv_param_rules[] = {
     { "logprobs", "sampling_params.logprobs", MSV_PK_INT, 0, 0,
       MSV_OFF(logprobs), 0, MSV_MAX_LOGPROBS, 0, 0,
       "null or an integer in [0, 1024], at most the worker's max_logprobs" },
+    { "n", "sampling_params.n", MSV_PK_UINT, 0, 0,
+      MSV_OFF(n), 1, MSV_MAX_N, 0, 0,
+      "an integer in [1, 1024] (at most maskserve_max_n)" },
     { NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, NULL }
 };
 
@@ -123,6 +126,7 @@ msv_params_init(struct msv_params *p)
     p->frequency_penalty = 0.0f;
     p->logprobs = -1;
     p->mask_mode = MSV_MASK_OFF;
+    p->n = 1;
 }
 
 

@@ -53,6 +53,7 @@ extern "C" {
 #define MSV_MAX_STOP         32      /* stop_token_ids per request */
 #define MSV_MAX_BIAS         1024    /* logit_bias entries per request */
 #define MSV_MAX_LOGPROBS     1024    /* hard cap on sampling_params.logprobs */
+#define MSV_MAX_N            1024    /* hard cap on sampling_params.n */
 #define MSV_MAX_READERS      64
 #define MSV_REQ_ID_MAX       128     /* request id, without the NUL */
 
@@ -246,7 +247,8 @@ struct msv_params {
     uint32_t  n_stop;
     int32_t   stop_ids[MSV_MAX_STOP];
     uint32_t  n_bias;               /* entries at slot_bias_off */
-    uint32_t  _pad0;
+    uint32_t  n;                    /* choices of the request, >= 1: a
+                                       slot runs one of them */
 };
 
 struct msv_bias {

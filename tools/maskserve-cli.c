@@ -253,6 +253,12 @@ cli_parse(struct msv_ctrl *c, const char *file, unsigned line, char *text,
     {
         return cli_fail(file, line, err);
     }
+    if (r->p.n != 1) {
+        /* a request here is one slot; several choices are nginx's */
+        return cli_fail(file, line, "sampling_params.n: maskserve-cli runs "
+                        "one choice per request (send n requests with "
+                        "seeds s, s + 1, ...)");
+    }
     msv_params_fit(&r->p, r->n_prompt, &lim);
 
     return 0;

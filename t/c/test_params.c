@@ -170,9 +170,38 @@ test_fields(void)
                                 err) == -1
            && strstr(err, "true or false, not a number") != NULL,
            "a number for ignore_eos: %s", err);
-    tap_ok(msv_param_find("n", 1) == NULL && msv_param_find("top", 3) == NULL
+    tap_ok(msv_param_find("best_of", 7) == NULL
+           && msv_param_find("top", 3) == NULL
            && msv_param_find("top_kk", 6) == NULL,
            "unknown keys have no rule");
+
+    /* n: choices of one request, [1, MSV_MAX_N] */
+    tap_ok(msv_param_find("n", 1) != NULL && p.n == 1,
+           "n has a rule, default 1");
+    tap_ok(msv_param_set_number(&p, msv_param_find("n", 1), "8", 1, err) == 0
+           && p.n == 8, "n 8 is taken");
+    tap_ok(msv_param_set_number(&p, msv_param_find("n", 1), "0", 1, err) == -1
+           && strstr(err, "sampling_params.n must be") == err,
+           "n 0 is refused: %s", err);
+    tap_ok(msv_param_set_number(&p, msv_param_find("n", 1), "1025", 4, err)
+           == -1 && strstr(err, "sampling_params.n") == err,
+           "n 1025 is refused: %s", err);
+    tap_ok(msv_param_set_number(&p, msv_param_find("n", 1),
+                                "99999999999999999999", 20, err) == -1
+           && strstr(err, "sampling_params.n") == err,
+           "a huge n is refused, not clipped: %s", err);
+    tap_ok(msv_param_set_number(&p, msv_param_find("n", 1), "2.0", 3, err)
+           == -1 && strstr(err, "sampling_params.n") == err,
+           "n 2.0 is refused: %s", err);
+    tap_ok(msv_param_set_number(&p, msv_param_find("n", 1), "1024", 4, err)
+           == 0 && p.n == 1024, "n 1024 is taken");
+    p.n = 0;
+    tap_ok(msv_params_check(&p, NULL, NULL, err) != NULL
+           && strcmp(msv_params_check(&p, NULL, NULL, err),
+                     "sampling_params.n") == 0,
+           "a struct with n 0 fails the check: %s", err);
+    msv_param_set_null(&p, msv_param_find("n", 1));
+    tap_ok(p.n == 1, "n null is the default 1");
 }
 
 

@@ -42,6 +42,7 @@ params(struct msv_params *p, uint32_t n_bias)
     p->mask_mode = MSV_MASK_SUPPORT;
     p->logprobs = -1;
     p->n_bias = n_bias;
+    p->n = 1;
 }
 
 
