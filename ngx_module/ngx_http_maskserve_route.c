@@ -418,7 +418,10 @@ ngx_http_maskserve_route_submit(ngx_http_maskserve_region_t *rg,
          * worker draws one per slot.
          */
         params = g->params;
-        params.seed += k;
+
+        if (params.has_seed) {
+            params.seed += k;
+        }
 
         cookie = msv_slot_submit(c, (uint32_t) ch->slot, (char *) ctx->id.data,
                                  &params, g->prompt, (uint32_t) g->n_prompt,
