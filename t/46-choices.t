@@ -303,6 +303,17 @@ sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
     is(scalar @{ $r->{json}{choices} }, 64, '64 choices');
     is($r->{json}{usage}{completion_tokens}, 128, 'usage of 64 choices');
 
+    # all slots or none: with one slot taken, 64 choices do not fit now
+    my $bg = $t->bg(stream => long_group('hold', 1));
+    ok($t->bg_started($bg), 'a request holds one slot');
+    $r = $t->generate(base('lim-64-busy', sp => { n => 64, max_tokens => 2 }));
+    is($r->{status}, 503, 'n 64 with 63 slots free: 503');
+    is($r->{headers}{'retry-after'}, '1', 'n 64 with 63 slots free: Retry-After');
+    is(in_use(), 1, 'no slot kept by the refused group');
+    $t->post('/inference/v1/abort', { request_id => 'hold' });
+    ok($t->bg_wait($bg, 10), 'the holder ends');
+    ok(MsvTest::wait_for(sub { in_use() == 0 }, 5), 'its slot back');
+
     $r = $t->generate(base('lim-65', sp => { n => 65 }));
     is($r->{status}, 400, 'n 65 over the default maximum: 400');
     is($r->{json}{error}{param}, 'sampling_params.n', 'n 65: param');
