@@ -29,16 +29,20 @@ class ServerError(Exception):
 
 class Choice:
     """One choice: token_ids (int32), mask (Mask or None), top
-    (TopLogprobs or None), finish_reason (None until the end)."""
+    (TopLogprobs or None), finish_reason (None until the end), seed (its
+    own seed when the request has several choices, else None)."""
 
-    __slots__ = ("index", "token_ids", "mask", "top", "finish_reason")
+    __slots__ = ("index", "token_ids", "mask", "top", "finish_reason",
+                 "seed")
 
-    def __init__(self, index, token_ids, mask, top, finish_reason):
+    def __init__(self, index, token_ids, mask, top, finish_reason,
+                 seed=None):
         self.index = index
         self.token_ids = token_ids
         self.mask = mask
         self.top = top
         self.finish_reason = finish_reason
+        self.seed = seed
 
     def __repr__(self):
         return "Choice(%d, %d tokens, %r, %r, %s)" % (
@@ -92,7 +96,7 @@ def decode_choice(c, mode=None):
     elif isinstance(c.get("logprobs"), dict):
         top = decode_top_json(c["logprobs"].get("content"))
     return Choice(c.get("index", 0), token_ids, mask, top,
-                  c.get("finish_reason"))
+                  c.get("finish_reason"), c.get("seed"))
 
 
 def decode_event(obj, mode=None, raw_bytes=0):
@@ -120,7 +124,7 @@ def merge_events(events, mode=None):
             res.usage = ev.usage
         res.raw_bytes += ev.raw_bytes
         for c in ev.choices:
-            p = parts.setdefault(c.index, [[], [], [], None])
+            p = parts.setdefault(c.index, [[], [], [], None, c.seed])
             p[0].append(c.token_ids)
             if c.mask is not None:
                 p[1].append(c.mask)
@@ -129,11 +133,11 @@ def merge_events(events, mode=None):
             if c.finish_reason is not None:
                 p[3] = c.finish_reason
     for i in sorted(parts):
-        tok, masks, tops, fin = parts[i]
+        tok, masks, tops, fin, seed = parts[i]
         res.choices.append(Choice(
             i, _concat(tok, "i"),
             Mask.concat(masks, mode) if masks or mode else None,
-            TopLogprobs.concat(tops) if tops else None, fin))
+            TopLogprobs.concat(tops) if tops else None, fin, seed))
     return res
 
 

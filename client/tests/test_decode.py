@@ -241,6 +241,30 @@ class Decode(unittest.TestCase):
                                     "sampling_mask_logprobs\\[0\\]"):
             mc.decode_json([[1, 2]], [[0.0]], "support")
 
+    def test_choices_merge_by_index(self):
+        # sampling_params.n: events carry the choices with news, each its
+        # index and seed, and a choice's finish_reason once
+        evs = [{"request_id": "g", "seed": 5, "choices": [
+                    {"index": 0, "seed": 5, "token_ids": [1],
+                     "finish_reason": None},
+                    {"index": 1, "seed": 6, "token_ids": [2],
+                     "finish_reason": None}]},
+               {"request_id": "g", "seed": 5, "choices": [
+                    {"index": 1, "seed": 6, "token_ids": [3, 4],
+                     "finish_reason": "stop"}]},
+               {"request_id": "g", "seed": 5, "choices": [
+                    {"index": 0, "seed": 5, "token_ids": [7],
+                     "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 5}}]
+        res = mc.merge_events([mc.decode_event(e) for e in evs])
+        self.assertEqual([c.index for c in res.choices], [0, 1])
+        self.assertEqual([list(c.token_ids) for c in res.choices],
+                         [[1, 7], [2, 3, 4]])
+        self.assertEqual([c.seed for c in res.choices], [5, 6])
+        self.assertEqual([c.finish_reason for c in res.choices],
+                         ["length", "stop"])
+        self.assertEqual(res.usage["completion_tokens"], 5)
+
     def test_error_event(self):
         with self.assertRaises(mc.ServerError) as e:
             mc.decode_event({"error": {"message": "slow", "type": "overloaded",
