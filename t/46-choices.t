@@ -11,6 +11,10 @@
 # - The prompt is prefilled once for the group (the worker's --stats).
 # - Abort by id and over Redis pub/sub stops every choice; the status
 #   endpoint and the Redis record describe the whole request.
+# - Each choice is checked against the KV pool as a request of its own: a
+#   group larger than the pool completes (preempted), unchanged; a choice
+#   that can never fit fails the request with no_kv.
+# - All slots or none: a group larger than the free slots gets 503.
 # - n at maskserve_max_n (the default 64, and a location's 8) and over;
 #   bad n values give a 400 naming sampling_params.n.
 
@@ -30,11 +34,19 @@ my $V = 4099;
 my $t = MsvTest->new;
 my $w = $t->start_worker(slots => 64, max_model_len => 4096, threads => 1,
                          args => ['--backend', 'cpu']);
+# a KV pool of 256 tokens: one choice of 107 fits, four at once do not
+my $small = $t->start_worker(slots => 8, threads => 1,
+                             args => ['--backend', 'cpu', '--kv-tokens', 256]);
 $t->start_redis;
-$t->start_nginx(processes => 2, server => <<'EOF');
+$t->start_nginx(processes => 2, workers => [$w->{name}], server => <<"EOF");
         location = /n8/generate {
             maskserve_generate;
             maskserve_max_n 8;
+        }
+
+        location = /small/generate {
+            maskserve_generate;
+            maskserve_worker $small->{name};
         }
 EOF
 ok(MsvTest::wait_for(sub { ($t->health->{redis} // '') eq 'up' }, 10),
@@ -238,7 +250,11 @@ sub long_group {
                                   ignore_eos => $true, top_k => 8, seed => 77 } };
 }
 
-sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
+sub in_use {
+    my $h = $t->health or return undef;
+    my ($x) = grep { $_->{name} eq $w->{name} } @{ $h->{workers} };
+    return $x && $x->{slots_in_use};
+}
 
 {
     my $bg = $t->bg(stream => long_group('ab-group', 4));
@@ -292,6 +308,39 @@ sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
     is($r && $r->{json}{usage}{completion_tokens},
        sum(map { scalar @{ $_->{token_ids} } } @c), 'pub: usage counts every choice');
     ok(MsvTest::wait_for(sub { in_use() == 0 }, 5), 'pub: every slot back');
+}
+
+# ------------------------------------------------- the KV cache
+
+# Each choice is checked as a request of its own (prompt + max_tokens
+# against the pool); the group needs no more at once: the worker preempts
+# and resumes its sequences, and every choice is what it is on a pool
+# that holds them all.
+{
+    my %sp = (n => 4, seed => 31, max_tokens => 100, ignore_eos => $true);
+    my $ref = $t->generate(base('kv-ref', sp => \%sp))->{json};
+    my $r = $t->post('/small/generate', { %{ base('kv-small', sp => \%sp) },
+                                         stream => JSON::PP::false });
+    is($r->{status}, 200, 'kv: 4 x 107 tokens on a pool of 256 answered')
+        or diag($r->{content});
+    is_deeply([map { plain($_, 'selected') } @{ $r->{json}{choices} }],
+              [map { plain($_, 'selected') } @{ $ref->{choices} }],
+              'kv: every choice as on a large pool');
+    my $st = `$MsvTest::BUILD/maskserve-cli --shm $small->{name} --stats`;
+    my $j = $? == 0 ? decode_json($st) : {};
+    ok(($j->{kv}{preemptions} // 0) > 0, 'kv: the group was preempted');
+    is($j->{kv}{free}, $j->{kv}{tokens}, 'kv: every page back');
+
+    $r = $t->post('/small/generate', { %{ base('kv-never', sp => { %sp, max_tokens => 300 }) },
+                                      stream => JSON::PP::false });
+    is($r->{status}, 400, 'kv: a choice that can never fit the pool: 400');
+    is($r->{json}{error}{param}, 'token_ids', 'kv: as a request of its own');
+    like($r->{json}{error}{message}, qr/never fit the worker's KV cache/,
+         'kv: the no_kv message');
+    ok(MsvTest::wait_for(sub {
+        my $o = `$MsvTest::BUILD/maskserve-cli --shm $small->{name} --stats`;
+        return $? == 0 && decode_json($o)->{slots}{free} == 8;
+    }, 5), 'kv: the group\'s slots are back');
 }
 
 # ------------------------------------------------- limits and bad values
