@@ -5,7 +5,9 @@
  * request.
  *
  * Rows are matched to requests through this process's slot table (slot
- * index -> context, checked by cookie).  Each row is formatted into its
+ * index -> context and choice, checked by cookie): a request with several
+ * choices (sampling_params.n) holds a slot for each, and ends when the
+ * last of them has.  Each row is formatted into its
  * request's buffers during the callback (the row is not valid after it),
  * so the ring always advances whatever the clients do.  Requests whose
  * output changed are flushed once the records at hand are consumed, which
