@@ -170,9 +170,18 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
         goto fail;
     }
 
-    rg = ngx_http_maskserve_route_pick(mcf, lcf, &err);
+    /*
+     * One slot per choice (sampling_params.n), all in one region.  When
+     * no region has that many free, any ready one: its checks say why
+     * the request cannot run (n above its slots), or it is busy (503).
+     */
+    rg = ngx_http_maskserve_route_pick_n(mcf, lcf, g.params.n, &err);
+
     if (rg == NULL) {
-        goto fail;
+        rg = ngx_http_maskserve_route_pick(mcf, lcf, &err);
+        if (rg == NULL) {
+            goto fail;
+        }
     }
 
     if (ngx_http_maskserve_check_generate(r, &g, rg->att.rg.ctrl, lcf, &err)
@@ -250,7 +259,8 @@ ngx_http_maskserve_generate_body(ngx_http_request_t *r)
             goto fail;
         }
 
-        other = ngx_http_maskserve_route_pick(mcf, lcf, &err);
+        /* one slot per choice (sampling_params.n), all in one region */
+        other = ngx_http_maskserve_route_pick_n(mcf, lcf, g.params.n, &err);
         if (other == NULL) {
             goto fail;
         }

@@ -286,6 +286,15 @@ ngx_http_maskserve_region_t *
 ngx_http_maskserve_route_pick(ngx_http_maskserve_main_conf_t *mcf,
     ngx_http_maskserve_loc_conf_t *lcf, ngx_http_maskserve_err_t *err)
 {
+    return ngx_http_maskserve_route_pick_n(mcf, lcf, 1, err);
+}
+
+
+ngx_http_maskserve_region_t *
+ngx_http_maskserve_route_pick_n(ngx_http_maskserve_main_conf_t *mcf,
+    ngx_http_maskserve_loc_conf_t *lcf, ngx_uint_t want,
+    ngx_http_maskserve_err_t *err)
+{
     ngx_uint_t                    i, n, used, best_used, attached;
     ngx_http_maskserve_region_t  *rg, *best;
 
@@ -310,7 +319,8 @@ ngx_http_maskserve_route_pick(ngx_http_maskserve_main_conf_t *mcf,
 
         used = ngx_http_maskserve_attach_in_use(rg);
 
-        if (used >= rg->n_slots) {
+        /* every choice of the request needs a slot of this region */
+        if (used + want > rg->n_slots) {
             continue;
         }
 

@@ -27,6 +27,11 @@ ngx_http_maskserve_region_t *ngx_http_maskserve_route_pick(
     ngx_http_maskserve_main_conf_t *mcf, ngx_http_maskserve_loc_conf_t *lcf,
     ngx_http_maskserve_err_t *err);
 
+/* The same, among the regions with at least `want` free slots. */
+ngx_http_maskserve_region_t *ngx_http_maskserve_route_pick_n(
+    ngx_http_maskserve_main_conf_t *mcf, ngx_http_maskserve_loc_conf_t *lcf,
+    ngx_uint_t want, ngx_http_maskserve_err_t *err);
+
 /*
  * Claim a slot in rg for each choice of the request (ctx->n_choices, all
  * or none), fill and publish them (choice i with seed s + i), kick the

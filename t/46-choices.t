@@ -37,11 +37,19 @@ my $w = $t->start_worker(slots => 64, max_model_len => 4096, threads => 1,
 # a KV pool of 256 tokens: one choice of 107 fits, four at once do not
 my $small = $t->start_worker(slots => 8, threads => 1,
                              args => ['--backend', 'cpu', '--kv-tokens', 256]);
+# a location of two regions, one too small for a group of 6
+my $four = $t->start_worker(slots => 4, threads => 1, args => ['--backend', 'cpu']);
 $t->start_redis;
 $t->start_nginx(processes => 2, workers => [$w->{name}], server => <<"EOF");
         location = /n8/generate {
             maskserve_generate;
             maskserve_max_n 8;
+        }
+
+        location = /two/generate {
+            maskserve_generate;
+            maskserve_worker $four->{name};
+            maskserve_worker $small->{name};
         }
 
         location = /small/generate {
@@ -341,6 +349,13 @@ sub in_use {
         my $o = `$MsvTest::BUILD/maskserve-cli --shm $small->{name} --stats`;
         return $? == 0 && decode_json($o)->{slots}{free} == 8;
     }, 5), 'kv: the group\'s slots are back');
+}
+
+# a group goes to a region with a slot for each choice
+for my $k (1 .. 4) {
+    my $r = $t->post('/two/generate', { %{ base("two-$k", sp => { n => 6, max_tokens => 2 }) },
+                                       stream => JSON::PP::false });
+    is($r->{status}, 200, "n 6 over regions of 4 and 8 slots ($k)") or diag($r->{content});
 }
 
 # ------------------------------------------------- limits and bad values
