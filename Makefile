@@ -71,11 +71,13 @@ $(B)/maskserve-logits: $(B)/tools/maskserve-logits.o $(LIBS)
 
 tests: $(TESTS)
 
-# the load client's response checker, tested on its own
-$(B)/t/test_e2e_check: t/c/test_e2e_check.c $(wildcard bench/e2e/*.[ch]) $(LIBS)
+# the response checker of the load client and of the tests, and its test
+CHECK_SRC := bench/e2e/array.c bench/e2e/check.c
+
+$(B)/t/test_e2e_check: t/c/test_e2e_check.c $(CHECK_SRC) $(CHECK_SRC:.c=.h) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -It/c -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
-	    -o $@ $< $(wildcard bench/e2e/*.c) $(wildcard ngx_module/msv_*.c) $(LIBS) \
+	    -o $@ $< $(CHECK_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
 $(B)/t/%: t/c/%.c $(LIBS)
@@ -91,6 +93,7 @@ $(B)/bench/%: bench/%.c $(LIBS)
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # the e2e load client is split by concern: bench/e2e/ holds its parts
+# (http.c, sse.c, load.c, check.c, array.c); bench/e2e_load.c its options
 E2E_SRC := $(wildcard bench/e2e/*.c)
 
 $(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) $(LIBS)

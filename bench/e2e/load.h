@@ -1,0 +1,148 @@
+/*
+ * load.h: the load driver of the e2e load client: its options, runs (a
+ * mode at a load) and their statistics.  The driver keeps `conc`
+ * requests in flight over the connections of http.c, accounts for each
+ * response when it ends and checks it as a whole; the summary of a run
+ * is taken over its steady window.
+ */
+
+#ifndef MSV_E2E_LOAD_H
+#define MSV_E2E_LOAD_H
+
+#include <netdb.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "array.h"
+#include "check.h"
+#include "http.h"
+
+
+#define MSV_LOAD_MAX_CONC     4096
+#define MSV_LOAD_MAX_REPEATS  64
+#define MSV_LOAD_MAX_WATCH    4
+#define MSV_LOAD_WATCH_PIDS   32
+
+
+/* server processes whose CPU time is sampled around every run */
+typedef struct {
+    const char  *label;
+    int          n;
+    pid_t        pid[MSV_LOAD_WATCH_PIDS];
+} msv_watch_t;
+
+typedef struct {
+    const char  *host;
+    const char  *port;
+    long         conc;
+    long         requests;          /* per run; 0: use duration */
+    double       duration;          /* seconds per run */
+    long         max_tokens;
+    long         top_k;
+    double       top_p;
+    double       temperature;
+    long         prompt_len;
+    long         vocab;             /* prompt ids are drawn below this */
+    int          stream;
+    int          ignore_eos;
+    long         repeats;
+    long         warmup;            /* requests before the first run */
+    double       timeout;           /* seconds per request */
+    uint64_t     seed;
+    long         print_errors;
+    int          modes[MSV_N_MODES];
+    int          n_modes;
+    msv_watch_t  watch[MSV_LOAD_MAX_WATCH];
+    int          n_watch;
+} msv_load_opts_t;
+
+
+typedef struct {
+    int          mode;
+    long         issued;
+    long         done;
+    long         ok;
+    long         failed;
+    long         mismatches;        /* token_ids differ from another run */
+    long long    tokens;            /* of the valid responses */
+    long long    mask_ids;
+    long long    bytes;
+    long         events;
+    double       t0;
+    double       t_last;            /* the last completion */
+    double       t_issue;           /* the last request issued */
+    double       deadline;          /* duration mode */
+    double       cpu;               /* client CPU seconds */
+    double       wcpu[MSV_LOAD_MAX_WATCH];  /* watched processes' */
+    msv_f64s_t   done_t;            /* completion times, all outcomes */
+    msv_f64s_t   ok_t;              /* completion times, valid ones */
+    msv_f64s_t   start_t;           /* per valid response: its start, */
+    msv_f64s_t   ttfe;              /* time to first event, */
+    msv_f64s_t   lat;               /* latency (seconds) */
+
+    /* the summary (msv_run_summary) */
+    int          steady;            /* a steady window was found */
+    double       win;               /* its length */
+    double       rps;
+    double       tps;
+    double       mbps;
+    double       kb_resp;           /* bytes on the wire per response */
+    double       ids_per_token;
+    double       cpu_pct;
+    double       cpu_ms;            /* client CPU per valid response */
+    double       wcpu_ms[MSV_LOAD_MAX_WATCH];
+    double       ttfe50, ttfe99, lat50, lat99;
+} msv_run_t;
+
+
+struct msv_load_s {
+    msv_load_opts_t   o;
+    int               ep;
+    struct addrinfo  *ai;
+    msv_conn_t       *conns;
+    msv_run_t        *run;
+    char             *rbuf;
+    long              errors_printed;
+    uint64_t         *hashes;       /* per request index; 0: not yet */
+    size_t            hashes_cap;
+    uint64_t         *mhashes[2];   /* mask ids, selected and support */
+    size_t            mhashes_cap[2];
+    long long         total_failed;
+    long long         total_mismatches;
+};
+
+
+/* Monotonic seconds. */
+double msv_now(void);
+
+/* CPU seconds of the watched processes of one label; NAN if one is gone. */
+double msv_watch_cpu(const msv_watch_t *w);
+
+/* One run of `requests` (0: for o.duration) in mode `mode`; 0 or -1. */
+int msv_run(msv_load_t *L, msv_run_t *run, int mode, long requests);
+void msv_run_free(msv_run_t *run);
+
+/* The numbers of a run over its steady window, and their line. */
+void msv_run_summary(const msv_load_opts_t *o, msv_run_t *run);
+void msv_run_print(const msv_load_opts_t *o, msv_run_t *run, long rep);
+
+/* The median of v (sorts it in place). */
+double msv_median(double *v, long n);
+
+/* The first failure of the connection's response (later ones are dropped). */
+void msv_fail(msv_load_t *L, msv_conn_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The response is over (broken: the connection failed): account for it. */
+void msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken);
+
+/* JSON bytes of the body or of an event (end: the document is over). */
+int msv_json_run(msv_load_t *L, msv_conn_t *c, const char *p, size_t n,
+    int end);
+
+/* Decoded body bytes, and the end of the body. */
+int msv_body_data(msv_load_t *L, msv_conn_t *c, const char *p, size_t n);
+int msv_body_end(msv_load_t *L, msv_conn_t *c);
+
+
+#endif /* MSV_E2E_LOAD_H */
