@@ -80,6 +80,13 @@ $(B)/t/test_e2e_check: t/c/test_e2e_check.c $(CHECK_SRC) $(CHECK_SRC:.c=.h) $(LI
 	    -o $@ $< $(CHECK_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
+# the same checker as a program, for the end-to-end tests (t/lib/MsvTest.pm)
+$(B)/bench/e2e_check: bench/e2e_check.c $(CHECK_SRC) $(CHECK_SRC:.c=.h) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
+	    -o $@ $< $(CHECK_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
+	    $(CUDA_LIBS) $(LDLIBS)
+
 $(B)/t/%: t/c/%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -It/c -Ingx_module $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< \

@@ -34,6 +34,7 @@ msv_doc_reset(msv_doc_t *d)
     d->is_error = 0;
     d->error[0] = '\0';
     d->n_choices = 0;
+    d->has_tokens = 0;
     d->tokens.n = 0;
     d->has_mask = 0;
     d->has_mlps = 0;
@@ -44,6 +45,12 @@ msv_doc_reset(msv_doc_t *d)
     d->mlps_arr = 0;
     d->lprow_len.n = 0;
     d->lprow_lse.n = 0;
+    d->lp_vals.n = 0;
+    d->has_logprobs = 0;
+    d->has_lpcontent = 0;
+    d->lpc_tok.n = 0;
+    d->lpc_lp.n = 0;
+    d->lpc_ntop.n = 0;
     d->finish = 0;
     d->finish_str[0] = '\0';
     d->prompt_tokens = -1;
@@ -231,6 +238,34 @@ msv_doc_pop(msv_doc_t *d)
         d->top_done = 1;
         break;
 
+    case MSV_F_TOPENTRY:
+        if (isnan(d->top_lp)) {
+            return msv_doc_fail(d, "logprobs.content: a top_logprobs entry "
+                                "without a logprob");
+        }
+        if (++d->lpe_ntop == 1) {
+            d->lpe_top0 = d->top_lp;
+        } else if (d->top_lp > d->lpe_prev) {
+            return msv_doc_fail(d, "logprobs.content: top_logprobs not "
+                                "best first");
+        }
+        d->lpe_prev = d->top_lp;
+        break;
+
+    case MSV_F_LPENTRY:
+        if (d->lpe_tok < 0 || isnan(d->lpe_lp) || d->lpe_ntop < 0) {
+            return msv_doc_fail(d, "logprobs.content: an entry without its "
+                                "token_id, logprob or top_logprobs");
+        }
+        if (d->lpe_ntop > 0 && d->lpe_lp > d->lpe_top0 + 1e-6) {
+            return msv_doc_fail(d, "logprobs.content: the sampled logprob "
+                                "above the best of top_logprobs");
+        }
+        msv_i32s_push(&d->lpc_tok, (int32_t) d->lpe_tok);
+        msv_f64s_push(&d->lpc_lp, d->lpe_lp);
+        msv_i32s_push(&d->lpc_ntop, (int32_t) d->lpe_ntop);
+        break;
+
     case MSV_F_PACKED:
         if (f->seen != (1u << MSV_K_PFORMAT | 1u << MSV_K_PLENGTHS
                         | 1u << MSV_K_PIDS | 1u << MSV_K_PLPS))
@@ -348,6 +383,7 @@ msv_doc_packed_lps(msv_doc_t *d, int mode)
         return -1;
     }
 
+    d->lp_vals.n = 0;
     for (i = 0; i < d->pk[2].n / 4; i++) {
         memcpy(&x, d->pk[2].p + 4 * i, 4);
         if (!(x <= 1e-6f)) {
@@ -355,6 +391,7 @@ msv_doc_packed_lps(msv_doc_t *d, int mode)
                      "logprob above 0");
             return -1;
         }
+        msv_f64s_push(&d->lp_vals, x);
     }
 
     if (mode == MSV_MODE_SELECTED) {
@@ -459,6 +496,23 @@ msv_cb_key(void *ctx, const unsigned char *k, size_t n)
         }
         break;
 
+    case MSV_F_LOGPROBS:
+        if (MSV_IS("content")) {
+            key = MSV_K_CONTENT;
+        }
+        break;
+
+    case MSV_F_LPENTRY:
+    case MSV_F_TOPENTRY:
+        if (MSV_IS("token_id")) {
+            key = MSV_K_TOKEN_ID;
+        } else if (MSV_IS("logprob")) {
+            key = MSV_K_LOGPROB;
+        } else if (MSV_IS("top_logprobs") && f->kind == MSV_F_LPENTRY) {
+            key = MSV_K_TOPS;
+        }
+        break;
+
     case MSV_F_SKIP:
         return 1;
 
@@ -535,7 +589,8 @@ msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
             return 1;
 
         case MSV_K_LOGPROBS:
-            return 1;               /* null */
+            d->has_logprobs = 1;    /* sent, even as null */
+            return 1;
 
         case MSV_K_TOKEN_IDS:
         case MSV_K_MASK:
@@ -586,6 +641,45 @@ msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
         }
         return msv_doc_b64(d, &d->pk[f->key - MSV_K_PLENGTHS], s, n);
 
+    case MSV_F_LOGPROBS:
+        if (f->key == MSV_K_CONTENT) {
+            return msv_doc_fail(d, "logprobs.content is not an array");
+        }
+        return 1;
+
+    case MSV_F_LPCONTENT:
+    case MSV_F_TOPS:
+        return msv_doc_fail(d, "logprobs.content: an entry is not an "
+                            "object");
+
+    case MSV_F_LPENTRY:
+    case MSV_F_TOPENTRY:
+        if (f->key == MSV_K_TOKEN_ID) {
+            if (type != 'n' || msv_parse_int(s, n, &v) != 0
+                || v < 0 || v > INT32_MAX)
+            {
+                return msv_doc_fail(d, "logprobs.content: token_id is not "
+                                    "a token id");
+            }
+            if (f->kind == MSV_F_LPENTRY) {
+                d->lpe_tok = v;
+            }
+        } else if (f->key == MSV_K_LOGPROB) {
+            if (type != 'n' || msv_parse_num(s, n, &x) != 0) {
+                return msv_doc_fail(d, "logprobs.content: logprob is not "
+                                    "a number");
+            }
+            if (f->kind == MSV_F_LPENTRY) {
+                d->lpe_lp = x;
+            } else {
+                d->top_lp = x;
+            }
+        } else if (f->key == MSV_K_TOPS) {
+            return msv_doc_fail(d, "logprobs.content: top_logprobs is not "
+                                "an array");
+        }
+        return 1;
+
     case MSV_F_TOKENS:
         if (type != 'n' || msv_parse_int(s, n, &v) != 0
             || v < 0 || v > INT32_MAX)
@@ -621,6 +715,7 @@ msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
             return msv_doc_fail(d, "sampling_mask_logprobs: a selected "
                                 "logprob above 0");
         }
+        msv_f64s_push(&d->lp_vals, x);
         d->mlps_num++;
         return 1;
 
@@ -644,6 +739,7 @@ msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
             d->lp_sum += exp(x - d->lp_max);
         }
         d->lp_n++;
+        msv_f64s_push(&d->lp_vals, x);
         return 1;
 
     case MSV_F_CHOICES:
@@ -721,11 +817,37 @@ msv_cb_start_map(void *ctx)
         if (f->key == MSV_K_PACKED) {
             return msv_doc_push(d, MSV_F_PACKED);
         }
+        if (f->key == MSV_K_LOGPROBS) {
+            d->has_logprobs = 1;
+            return msv_doc_push(d, MSV_F_LOGPROBS);
+        }
         if (f->key == MSV_K_TOKEN_IDS || f->key == MSV_K_MASK
             || f->key == MSV_K_MLPS || f->key == MSV_K_FINISH)
         {
             return msv_doc_fail(d, "choices[0]: a field has the wrong "
                                 "type");
+        }
+        return msv_doc_push(d, MSV_F_SKIP);
+
+    case MSV_F_LPCONTENT:
+        d->lpe_tok = -1;
+        d->lpe_lp = NAN;
+        d->lpe_ntop = -1;
+        d->lpe_top0 = NAN;
+        d->lpe_prev = NAN;
+        return msv_doc_push(d, MSV_F_LPENTRY);
+
+    case MSV_F_TOPS:
+        d->top_lp = NAN;
+        return msv_doc_push(d, MSV_F_TOPENTRY);
+
+    case MSV_F_LOGPROBS:
+    case MSV_F_LPENTRY:
+    case MSV_F_TOPENTRY:
+        if (f->key == MSV_K_CONTENT || f->key == MSV_K_TOPS
+            || f->key == MSV_K_TOKEN_ID || f->key == MSV_K_LOGPROB)
+        {
+            return msv_doc_fail(d, "logprobs: a field has the wrong type");
         }
         return msv_doc_push(d, MSV_F_SKIP);
 
@@ -764,7 +886,11 @@ msv_cb_start_array(void *ctx)
     case MSV_F_CHOICE:
         switch (f->key) {
         case MSV_K_TOKEN_IDS:
+            d->has_tokens = 1;
             return msv_doc_push(d, MSV_F_TOKENS);
+        case MSV_K_LOGPROBS:
+            d->has_logprobs = 1;
+            return msv_doc_fail(d, "logprobs is not an object");
         case MSV_K_MASK:
             d->has_mask = 1;
             return msv_doc_push(d, MSV_F_MASK);
@@ -789,6 +915,29 @@ msv_cb_start_array(void *ctx)
         d->lp_max = 0;
         d->lp_sum = 0;
         return msv_doc_push(d, MSV_F_LPROW);
+
+    case MSV_F_LOGPROBS:
+        if (f->key == MSV_K_CONTENT) {
+            d->has_lpcontent = 1;
+            return msv_doc_push(d, MSV_F_LPCONTENT);
+        }
+        return msv_doc_push(d, MSV_F_SKIP);
+
+    case MSV_F_LPENTRY:
+    case MSV_F_TOPENTRY:
+        if (f->key == MSV_K_TOPS) {
+            d->lpe_ntop = 0;
+            return msv_doc_push(d, MSV_F_TOPS);
+        }
+        if (f->key == MSV_K_TOKEN_ID || f->key == MSV_K_LOGPROB) {
+            return msv_doc_fail(d, "logprobs: a field has the wrong type");
+        }
+        return msv_doc_push(d, MSV_F_SKIP);
+
+    case MSV_F_LPCONTENT:
+    case MSV_F_TOPS:
+        return msv_doc_fail(d, "logprobs.content: an entry is not an "
+                            "object");
 
     case MSV_F_SKIP:
     case MSV_F_USAGE:
@@ -823,32 +972,17 @@ yajl_callbacks  msv_doc_callbacks = {
 };
 
 
-/* Checks of one document against the request, once it is parsed.
- * Returns 0 or -1 with d->bad set. */
+/* The mask rows against the tokens and the request; 0 or -1. */
 
-int
-msv_doc_check(msv_doc_t *d, long top_k, double temperature, int variant)
+static int
+msv_doc_check_mask(msv_doc_t *d, const msv_expect_t *e)
 {
     size_t   i, r, len, lo, hi, mid, start;
     int32_t  t;
     int      found, mode;
+    double   lp;
 
-    mode = msv_mask_of(variant);
-
-    if (d->is_error) {
-        snprintf(d->bad, sizeof(d->bad), "error event: %.200s",
-                 d->error[0] ? d->error : "(no message)");
-        return -1;
-    }
-    if (d->n_choices != 1) {
-        snprintf(d->bad, sizeof(d->bad), "%ld choices, expected 1",
-                 d->n_choices);
-        return -1;
-    }
-    if (d->finish == 0) {
-        snprintf(d->bad, sizeof(d->bad), "no finish_reason in choices[0]");
-        return -1;
-    }
+    mode = msv_mask_of(e->variant);
 
     if (mode == MSV_MODE_OFF) {
         if (d->has_mask || d->has_mlps) {
@@ -859,10 +993,10 @@ msv_doc_check(msv_doc_t *d, long top_k, double temperature, int variant)
         return 0;
     }
 
-    if (d->has_packed != msv_packed_of(variant)) {
+    if (d->has_packed != msv_packed_of(e->variant)) {
         snprintf(d->bad, sizeof(d->bad), "%s mask, %s asked",
                  d->has_packed ? "a packed" : "a JSON",
-                 msv_packed_of(variant) ? "packed" : "JSON");
+                 msv_packed_of(e->variant) ? "packed" : "JSON");
         return -1;
     }
     if (!d->has_mask || !d->has_mlps) {
@@ -903,14 +1037,21 @@ msv_doc_check(msv_doc_t *d, long top_k, double temperature, int variant)
             snprintf(d->bad, sizeof(d->bad), "mask row %zu is empty", r);
             return -1;
         }
-        if (top_k > 0 && len > (size_t) top_k) {
+        if (e->top_k > 0 && len > (size_t) e->top_k) {
             snprintf(d->bad, sizeof(d->bad), "mask row %zu has %zu ids, "
-                     "top_k %ld", r, len, top_k);
+                     "top_k %ld", r, len, e->top_k);
             return -1;
         }
-        if (temperature == 0 && len != 1) {
+        if (e->temperature == 0 && len != 1) {
             snprintf(d->bad, sizeof(d->bad), "greedy mask row %zu has %zu "
                      "ids", r, len);
+            return -1;
+        }
+        /* ascending: the last id is the largest */
+        if (e->vocab > 0 && d->row_ids.v[start + len - 1] >= e->vocab) {
+            snprintf(d->bad, sizeof(d->bad), "mask row %zu: id %d outside "
+                     "the vocabulary of %ld", r,
+                     (int) d->row_ids.v[start + len - 1], e->vocab);
             return -1;
         }
 
@@ -919,6 +1060,7 @@ msv_doc_check(msv_doc_t *d, long top_k, double temperature, int variant)
         lo = start;
         hi = start + len;
         found = 0;
+        mid = start;
         while (lo < hi) {
             mid = lo + (hi - lo) / 2;
             if (d->row_ids.v[mid] == t) {
@@ -950,10 +1092,128 @@ msv_doc_check(msv_doc_t *d, long top_k, double temperature, int variant)
                          "logsumexp %.3g, expected 0", r, d->lprow_lse.v[i]);
                 return -1;
             }
+            /* the rows so far have as many values as ids: aligned */
+            lp = d->lp_vals.v[mid];
+
+            /* what logprobs.content says of the sampled token, when sent */
+            if (r < d->lpc_lp.n && fabs(d->lpc_lp.v[r] - lp) > 1e-6) {
+                snprintf(d->bad, sizeof(d->bad), "row %zu: logprobs.content "
+                         "logprob %.9g, the support's %.9g", r,
+                         d->lpc_lp.v[r], lp);
+                return -1;
+            }
+        } else {
+            lp = d->lp_vals.v[r];
+        }
+        if (e->temperature == 0 && fabs(lp) > 1e-6) {
+            snprintf(d->bad, sizeof(d->bad), "greedy mask row %zu: logprob "
+                     "%.9g, expected 0", r, lp);
+            return -1;
         }
     }
 
     return 0;
+}
+
+
+/* logprobs.content against the tokens and sampling_params.logprobs. */
+
+static int
+msv_doc_check_logprobs(msv_doc_t *d, const msv_expect_t *e)
+{
+    size_t  i;
+
+    if (e->logprobs < 0) {
+        if (d->has_logprobs) {
+            snprintf(d->bad, sizeof(d->bad),
+                     "logprobs sent although not asked for");
+            return -1;
+        }
+        return 0;
+    }
+    if (!d->has_lpcontent) {
+        snprintf(d->bad, sizeof(d->bad), "no logprobs.content");
+        return -1;
+    }
+    if (d->lpc_tok.n != d->tokens.n) {
+        snprintf(d->bad, sizeof(d->bad), "logprobs.content: %zu entries for "
+                 "%zu tokens", d->lpc_tok.n, d->tokens.n);
+        return -1;
+    }
+    for (i = 0; i < d->lpc_tok.n; i++) {
+        if (d->lpc_tok.v[i] != d->tokens.v[i]) {
+            snprintf(d->bad, sizeof(d->bad), "logprobs.content[%zu]: "
+                     "token_id %d, sampled %d", i, (int) d->lpc_tok.v[i],
+                     (int) d->tokens.v[i]);
+            return -1;
+        }
+        if (d->lpc_ntop.v[i] > e->logprobs) {
+            snprintf(d->bad, sizeof(d->bad), "logprobs.content[%zu]: %d "
+                     "top_logprobs, %ld asked", i, (int) d->lpc_ntop.v[i],
+                     e->logprobs);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+
+/* Checks of one document against the request, once it is parsed.
+ * Returns 0 or -1 with d->bad set. */
+
+int
+msv_doc_check(msv_doc_t *d, const msv_expect_t *e)
+{
+    size_t  i;
+
+    if (d->is_error) {
+        snprintf(d->bad, sizeof(d->bad), "error event: %.200s",
+                 d->error[0] ? d->error : "(no message)");
+        return -1;
+    }
+    if (d->n_choices != 1) {
+        snprintf(d->bad, sizeof(d->bad), "%ld choices, expected 1",
+                 d->n_choices);
+        return -1;
+    }
+    if (d->finish == 0) {
+        snprintf(d->bad, sizeof(d->bad), "no finish_reason in choices[0]");
+        return -1;
+    }
+    if (e->whole) {
+        if (!d->has_tokens) {
+            snprintf(d->bad, sizeof(d->bad), "no token_ids");
+            return -1;
+        }
+        if (d->finish != 2
+            || (strcmp(d->finish_str, "stop") != 0
+                && strcmp(d->finish_str, "length") != 0
+                && strcmp(d->finish_str, "abort") != 0))
+        {
+            snprintf(d->bad, sizeof(d->bad), "finish_reason %s%s%s",
+                     d->finish == 2 ? "\"" : "",
+                     d->finish == 2 ? d->finish_str : "null",
+                     d->finish == 2 ? "\"" : "");
+            return -1;
+        }
+    }
+    if (e->max_tokens >= 0 && d->tokens.n > (size_t) e->max_tokens) {
+        snprintf(d->bad, sizeof(d->bad), "more tokens (%zu) than max_tokens "
+                 "%ld", d->tokens.n, e->max_tokens);
+        return -1;
+    }
+    for (i = 0; e->vocab > 0 && i < d->tokens.n; i++) {
+        if (d->tokens.v[i] >= e->vocab) {
+            snprintf(d->bad, sizeof(d->bad), "token %d outside the "
+                     "vocabulary of %ld", (int) d->tokens.v[i], e->vocab);
+            return -1;
+        }
+    }
+
+    if (msv_doc_check_mask(d, e) != 0) {
+        return -1;
+    }
+    return msv_doc_check_logprobs(d, e);
 }
 
 
@@ -965,6 +1225,10 @@ msv_doc_free(msv_doc_t *d)
     free(d->row_off.v);
     free(d->lprow_len.v);
     free(d->lprow_lse.v);
+    free(d->lp_vals.v);
+    free(d->lpc_tok.v);
+    free(d->lpc_lp.v);
+    free(d->lpc_ntop.v);
     free(d->pk[0].p);
     free(d->pk[1].p);
     free(d->pk[2].p);

@@ -4,10 +4,16 @@
  * yajl with msv_doc_callbacks straight into an msv_doc_t, then checked
  * against what was asked with msv_doc_check: one choice, token ids, one
  * mask row and one logprob entry per token, rows ascending and unique,
- * the sampled token in its row, |row| <= top_k, greedy rows of one id,
- * selected logprobs <= 0, support rows summing to 1; packed masks
+ * the sampled token in its row, ids inside the vocabulary, |row| <=
+ * top_k, greedy rows of one id with logprob 0, selected logprobs <= 0,
+ * support rows summing to 1; logprobs.content (when asked) one entry per
+ * token, the sampled token's, its top_logprobs best first and at most
+ * as many as asked, its logprob that of the support row; packed masks
  * (mask_format "packed") are base64-decoded and go through the same
  * checks.  What spans events (counts, [DONE], usage) is the caller's.
+ * The load client (bench/e2e/load.c) checks every event with it, the
+ * end-to-end tests (t/lib/MsvTest.pm) every choice, through
+ * bench/e2e_check.c.
  */
 
 #ifndef MSV_E2E_CHECK_H
@@ -65,6 +71,11 @@ typedef enum {
     MSV_F_MLPS,
     MSV_F_LPROW,
     MSV_F_PACKED,           /* sampling_mask_packed (a map) */
+    MSV_F_LOGPROBS,         /* logprobs (a map) */
+    MSV_F_LPCONTENT,        /* logprobs.content (an array) */
+    MSV_F_LPENTRY,          /* one of its entries (a map) */
+    MSV_F_TOPS,             /* the entry's top_logprobs (an array) */
+    MSV_F_TOPENTRY,         /* one of them (a map) */
     MSV_F_SKIP              /* anything we do not look into */
 } msv_frame_kind_t;
 
@@ -77,6 +88,7 @@ enum {
     MSV_K_PROMPT, MSV_K_COMPLETION,
     MSV_K_MESSAGE,
     MSV_K_PACKED, MSV_K_PFORMAT, MSV_K_PLENGTHS, MSV_K_PIDS, MSV_K_PLPS,
+    MSV_K_CONTENT, MSV_K_TOKEN_ID, MSV_K_LOGPROB, MSV_K_TOPS,
     MSV_K_OTHER
 };
 
@@ -97,6 +109,7 @@ typedef struct {
     int           is_error;
     char          error[MSV_CHECK_ERR_MAX];
     long          n_choices;
+    int           has_tokens;
     msv_i32s_t    tokens;
     int           has_mask;
     int           has_mlps;
@@ -108,9 +121,21 @@ typedef struct {
     long          mlps_arr;         /* support: one array per token */
     msv_i32s_t    lprow_len;
     msv_f64s_t    lprow_lse;
+    msv_f64s_t    lp_vals;          /* every mask logprob, in order */
     int32_t       lp_n;             /* current support row: count, */
     double        lp_max;           /* running max and */
     double        lp_sum;           /* sum of exp(lp - max) */
+    int           has_logprobs;     /* the key, whatever its value */
+    int           has_lpcontent;    /* logprobs.content, an array */
+    msv_i32s_t    lpc_tok;          /* per entry: token_id, */
+    msv_f64s_t    lpc_lp;           /* logprob, */
+    msv_i32s_t    lpc_ntop;         /* number of top_logprobs */
+    long          lpe_tok;          /* the entry being parsed: -1 absent */
+    double        lpe_lp;           /* NAN: absent */
+    long          lpe_ntop;         /* -1: no top_logprobs */
+    double        lpe_top0;         /* its first (best) top logprob */
+    double        lpe_prev;         /* the previous one */
+    double        top_lp;           /* the top entry being parsed */
     int           finish;           /* 0 absent, 1 null, 2 string */
     char          finish_str[16];
     long          prompt_tokens;    /* -1: absent */
@@ -119,6 +144,19 @@ typedef struct {
     /* the first problem found */
     char          bad[MSV_CHECK_ERR_MAX];
 } msv_doc_t;
+
+
+/* what a document is checked against: what the request asked */
+typedef struct {
+    long          top_k;            /* <= 0: no limit */
+    double        temperature;      /* 0: greedy */
+    int           variant;          /* MSV_MODE_* */
+    long          vocab;            /* ids below it; 0: not checked */
+    long          max_tokens;       /* -1: not checked */
+    long          logprobs;         /* sampling_params.logprobs; -1: none */
+    int           whole;            /* a whole choice: token_ids and a
+                                       finish_reason stop, length or abort */
+} msv_expect_t;
 
 
 /* yajl callbacks filling the msv_doc_t passed as their context */
@@ -130,11 +168,8 @@ void msv_doc_reset(msv_doc_t *d);
 /* Free the document's arrays. */
 void msv_doc_free(msv_doc_t *d);
 
-/*
- * Check a parsed document against the request (its top_k, temperature
- * and variant, MSV_MODE_*).  0, or -1 with d->bad set.
- */
-int msv_doc_check(msv_doc_t *d, long top_k, double temperature, int variant);
+/* Check a parsed document against the request.  0, or -1 with d->bad set. */
+int msv_doc_check(msv_doc_t *d, const msv_expect_t *e);
 
 
 #endif /* MSV_E2E_CHECK_H */

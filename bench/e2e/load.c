@@ -428,10 +428,21 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
 static int
 msv_conn_doc(msv_load_t *L, msv_conn_t *c, msv_doc_t *d)
 {
-    msv_run_t  *run = L->run;
-    size_t      i;
+    msv_run_t     *run = L->run;
+    size_t         i;
+    msv_expect_t   e;
 
-    if (msv_doc_check(d, L->o.top_k, L->o.temperature, run->mode) != 0) {
+    /* each event alone: the counts over the stream are checked at its end;
+     * the client asks no logprobs and does not know the vocabulary */
+    e.top_k = L->o.top_k;
+    e.temperature = L->o.temperature;
+    e.variant = run->mode;
+    e.vocab = 0;
+    e.max_tokens = -1;
+    e.logprobs = -1;
+    e.whole = 0;
+
+    if (msv_doc_check(d, &e) != 0) {
         msv_fail(L, c, "%s%s", L->o.stream ? "event: " : "", d->bad);
         return -1;
     }

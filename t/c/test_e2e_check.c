@@ -1,8 +1,9 @@
 /*
- * test_e2e_check.c: the response checker of bench/e2e_load
- * (bench/e2e/check.c), on documents made here: valid JSON and packed
- * masks pass, and each kind of broken mask, JSON or packed, is caught
- * with a message saying what is wrong.  t/50-client.t runs the load
+ * test_e2e_check.c: the response checker of bench/e2e_load and of the
+ * end-to-end tests (bench/e2e/check.c), on documents made here: valid
+ * JSON and packed masks pass, and each kind of broken mask, JSON or
+ * packed, or of broken logprobs, tokens or finish_reason in a whole
+ * choice, is caught with a message saying what is wrong.  t/50-client.t runs the load
  * client itself against a live stack.
  */
 
@@ -20,8 +21,8 @@
 /* Parse one document and check it; returns the checker's verdict. */
 
 static int
-check(const char *json, long top_k, double temperature, int variant,
-    char *why, size_t whylen)
+check_expect(const char *json, const msv_expect_t *e, char *why,
+    size_t whylen)
 {
     int           rc;
     msv_doc_t     d;
@@ -41,12 +42,24 @@ check(const char *json, long top_k, double temperature, int variant,
         snprintf(why, whylen, "%s", d.bad[0] ? d.bad : "(yajl error)");
         rc = -1;
     } else {
-        rc = msv_doc_check(&d, top_k, temperature, variant);
+        rc = msv_doc_check(&d, e);
         snprintf(why, whylen, "%s", d.bad);
     }
 
     msv_doc_free(&d);
     return rc;
+}
+
+
+/* One event of a stream: no vocabulary, logprobs or max_tokens known. */
+
+static int
+check(const char *json, long top_k, double temperature, int variant,
+    char *why, size_t whylen)
+{
+    msv_expect_t  e = { top_k, temperature, variant, 0, -1, -1, 0 };
+
+    return check_expect(json, &e, why, whylen);
 }
 
 
@@ -84,6 +97,26 @@ packed(const char *tokens, const int32_t *len, size_t n, const int32_t *ids,
     free(l);
     free(i);
     free(p);
+    return out;
+}
+
+
+/* A whole choice, as the end-to-end tests check it: its parts. */
+
+static char *
+choice(const char *tokens, const char *mask, const char *mlps,
+    const char *logprobs, const char *finish)
+{
+    char  *out;
+
+    out = malloc(strlen(tokens) + strlen(mask) + strlen(mlps)
+                 + strlen(logprobs) + strlen(finish) + 256);
+    sprintf(out, "{\"choices\":[{\"index\":0%s%s%s%s%s%s%s%s%s,"
+            "\"finish_reason\":%s}]}",
+            tokens[0] ? ",\"token_ids\":" : "", tokens,
+            mask[0] ? ",\"sampling_mask\":" : "", mask,
+            mlps[0] ? ",\"sampling_mask_logprobs\":" : "", mlps,
+            logprobs[0] ? ",\"logprobs\":" : "", logprobs, "", finish);
     return out;
 }
 
@@ -184,6 +217,142 @@ main(void)
         }
         if (cases[k].doc != json_ok) {
             free(cases[k].doc);
+        }
+    }
+
+    /* whole choices with logprobs.content, as the tests check them */
+    {
+        static const char  *rows = "[[3,9,12],[5]]";
+        static const char  *sup3 = "[[-1.0986123,-1.0986123,-1.0986123],"
+                                   "[0.0]]";
+        static const char  *lp_ok =
+            "{\"content\":[{\"token_id\":9,\"logprob\":-1.0986123,"
+            "\"top_logprobs\":[{\"token_id\":3,\"logprob\":-1.0986123},"
+            "{\"token_id\":9,\"logprob\":-1.0986123}]},{\"token_id\":5,"
+            "\"logprob\":0.0,\"top_logprobs\":[{\"token_id\":5,"
+            "\"logprob\":0.0}]}]}";
+        static const char  *lp_one =
+            "{\"content\":[{\"token_id\":9,\"logprob\":-1.0986123,"
+            "\"top_logprobs\":[]}]}";
+        static const char  *lp_other =
+            "{\"content\":[{\"token_id\":3,\"logprob\":-1.0986123,"
+            "\"top_logprobs\":[]},{\"token_id\":5,\"logprob\":0.0,"
+            "\"top_logprobs\":[]}]}";
+        static const char  *lp_unsorted =
+            "{\"content\":[{\"token_id\":9,\"logprob\":-1.0986123,"
+            "\"top_logprobs\":[{\"token_id\":3,\"logprob\":-2},"
+            "{\"token_id\":9,\"logprob\":-1.0986123}]},{\"token_id\":5,"
+            "\"logprob\":0.0,\"top_logprobs\":[]}]}";
+        static const char  *lp_above =
+            "{\"content\":[{\"token_id\":9,\"logprob\":-1.0986123,"
+            "\"top_logprobs\":[{\"token_id\":3,\"logprob\":-1.5}]},"
+            "{\"token_id\":5,\"logprob\":0.0,\"top_logprobs\":[]}]}";
+        static const char  *lp_differs =
+            "{\"content\":[{\"token_id\":9,\"logprob\":-1.5,"
+            "\"top_logprobs\":[{\"token_id\":3,\"logprob\":-1.0986123}]},"
+            "{\"token_id\":5,\"logprob\":0.0,\"top_logprobs\":[]}]}";
+        static const char  *lp_no_top =
+            "{\"content\":[{\"token_id\":9,\"logprob\":-1.0986123},"
+            "{\"token_id\":5,\"logprob\":0.0,\"top_logprobs\":[]}]}";
+
+        struct {
+            const char    *name;
+            char          *doc;
+            msv_expect_t   e;
+            const char    *want;    /* NULL: valid */
+        } wc[] = {
+            { "a whole support choice with logprobs",
+              choice("[9,5]", rows, sup3, lp_ok, "\"stop\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1 }, NULL },
+            { "a whole choice without the mask, aborted",
+              choice("[9,5]", "", "", "", "\"abort\""),
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, -1, 1 }, NULL },
+            { "a token outside the vocabulary",
+              choice("[9,5]", rows, sup3, "", "\"stop\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 8, 4, -1, 1 },
+              "token 9 outside the vocabulary of 8" },
+            { "a mask id outside the vocabulary",
+              choice("[9,5]", rows, sup3, "", "\"stop\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 10, 4, -1, 1 },
+              "id 12 outside the vocabulary" },
+            { "more tokens than max_tokens",
+              choice("[9,5]", rows, sup3, "", "\"length\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 1, -1, 1 },
+              "more tokens (2) than max_tokens 1" },
+            { "a whole choice with a null finish_reason",
+              choice("[9,5]", rows, sup3, "", "null"),
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 },
+              "finish_reason null" },
+            { "an unknown finish_reason",
+              choice("[9,5]", rows, sup3, "", "\"eos\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 },
+              "finish_reason \"eos\"" },
+            { "a whole choice without token_ids",
+              choice("", "", "", "", "\"stop\""),
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, -1, 1 }, "no token_ids" },
+            { "logprobs not asked for",
+              choice("[9,5]", rows, sup3, lp_ok, "\"stop\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 },
+              "logprobs sent although not asked for" },
+            { "logprobs null, not asked for",
+              choice("[9,5]", "", "", "null", "\"stop\""),
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, -1, 1 },
+              "logprobs sent although not asked for" },
+            { "logprobs asked for, not sent",
+              choice("[9,5]", rows, sup3, "", "\"stop\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1 },
+              "no logprobs.content" },
+            { "fewer logprobs entries than tokens",
+              choice("[9,5]", rows, sup3, lp_one, "\"stop\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1 },
+              "1 entries for 2 tokens" },
+            { "a logprobs entry of another token",
+              choice("[9,5]", "", "", lp_other, "\"stop\""),
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1 },
+              "token_id 3, sampled 9" },
+            { "more top_logprobs than asked",
+              choice("[9,5]", rows, sup3, lp_ok, "\"stop\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 1, 1 },
+              "2 top_logprobs, 1 asked" },
+            { "top_logprobs not best first",
+              choice("[9,5]", "", "", lp_unsorted, "\"stop\""),
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1 }, "not best first" },
+            { "a sampled logprob above the best",
+              choice("[9,5]", "", "", lp_above, "\"stop\""),
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1 }, "above the best" },
+            { "logprobs.content differing from the support",
+              choice("[9,5]", rows, sup3, lp_differs, "\"stop\""),
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1 },
+              "logprobs.content logprob -1.5" },
+            { "a logprobs entry without top_logprobs",
+              choice("[9,5]", "", "", lp_no_top, "\"stop\""),
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1 },
+              "an entry without its token_id" },
+            { "a greedy selected logprob that is not 0",
+              choice("[9,5]", "[[9],[5]]", "[-0.5,0.0]", "", "\"stop\""),
+              { 10, 0.0, MSV_MODE_SELECTED, 16, 4, -1, 1 },
+              "greedy mask row 0: logprob -0.5" },
+            { "a greedy support logprob that is not 0",
+              choice("[9,5]", "[[9],[5]]", "[[-5e-05],[0.0]]", "",
+                     "\"stop\""),
+              { 10, 0.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 },
+              "greedy mask row 0: logprob" },
+            { "a greedy choice with logprob 0",
+              choice("[9,5]", "[[9],[5]]", "[[0.0],[-0.0]]", "",
+                     "\"stop\""),
+              { 10, 0.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 }, NULL },
+        };
+
+        for (k = 0; k < sizeof(wc) / sizeof(wc[0]); k++) {
+            rc = check_expect(wc[k].doc, &wc[k].e, why, sizeof(why));
+            if (wc[k].want == NULL) {
+                tap_ok(rc == 0, "%s passes%s%s", wc[k].name,
+                       rc ? ": " : "", rc ? why : "");
+            } else {
+                tap_ok(rc != 0 && strstr(why, wc[k].want) != NULL,
+                       "%s is caught (\"%s\")", wc[k].name, why);
+            }
+            free(wc[k].doc);
         }
     }
 

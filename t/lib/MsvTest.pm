@@ -4,13 +4,13 @@ package MsvTest;
 # weights, CPU backend), real redis-server and the stock nginx with the
 # built module, on free loopback ports and fresh shared-memory names; talks
 # HTTP to nginx; checks every response against the sampling-mask
-# invariants; and stops everything it started, whatever happens.
+# invariants (with bench/e2e_check, the load client's checker); and stops everything it started, whatever happens.
 #
 #   my $t = MsvTest->new;
 #   my $w = $t->start_worker;            # waits for "ready"
 #   $t->start_nginx;                     # waits for /health
 #   my $r = $t->generate({ token_ids => [1, 2], ... });
-#   MsvTest::check_choice($t, $req, $r->{json}{choices}[0]);
+#   my @p = MsvTest::choice_problems($req, $r->{json}{choices}[0], $vocab);
 #
 # Binaries come from $MSV_BUILD (default: build/ in the repository); the
 # worker runs on the CPU backend unless $MSV_BACKEND names another, with
@@ -26,7 +26,6 @@ use File::Temp qw(tempdir);
 use HTTP::Tiny;
 use IO::Socket::INET;
 use JSON::PP;
-use List::Util qw(max sum);
 use POSIX qw(:sys_wait_h);
 use Test::More;
 use Time::HiRes qw(sleep time);
@@ -48,7 +47,7 @@ sub new {
     my ($class, %opt) = @_;
 
     my $so = "$BUILD/nginx/src/objs/ngx_http_maskserve_module.so";
-    for my $f ("$BUILD/maskserve-worker", $so, $NGINX) {
+    for my $f ("$BUILD/maskserve-worker", "$BUILD/bench/e2e_check", $so, $NGINX) {
         die "MsvTest: $f is missing: build first (make B=<dir> all, "
             . "MSV_BUILD=<dir>)\n" unless -x $f || -f $f;
     }
@@ -565,108 +564,43 @@ sub bg_wait {
 
 # ---------------------------------------------------------------- checks
 
-sub _logsumexp {
-    my $m = max(@_);
-    return $m + log(sum(map { exp($_ - $m) } @_));
+# Check choices against their requests and the sampler's invariants:
+# rows in order and in the vocabulary, the sampled token in its row,
+# |row| <= top_k, greedy rows of one id with logprob 0, support rows
+# summing to 1 and agreeing with logprobs.content, top logprobs best
+# first and no more than asked, finish reasons, max_tokens.  The checks
+# are the load client's own (bench/e2e/check.c), run by bench/e2e_check,
+# one process for a whole batch.  @items: [$req, $choice] pairs.
+# Returns, in order, for each a reference to its list of problems (empty
+# when all is well).
+sub choices_problems {
+    my ($vocab, @items) = @_;
+    return () unless @items;
+    my ($fh, $file) = File::Temp::tempfile("msvc-XXXXXX", TMPDIR => 1,
+                                           UNLINK => 1);
+    for my $it (@items) {
+        my ($req, $c) = @$it;
+        # one choice of several is checked as the only one
+        $c = { %$c, index => 0 } if ref $c eq 'HASH';
+        print $fh $json->encode($req), "\n", $json->encode($c // undef), "\n";
+    }
+    close $fh or die "MsvTest: $file: $!";
+    my @cmd = ("$BUILD/bench/e2e_check", '--choice',
+               defined $vocab ? ('--vocab', $vocab) : (), $file);
+    open my $out, '-|', @cmd or die "MsvTest: $cmd[0]: $!";
+    my @res = map { $json->decode($_) } <$out>;
+    close $out;
+    unlink $file;
+    die "MsvTest: $cmd[0] answered " . @res . " of " . @items . " checks "
+        . "(status $?)\n" if @res != @items || ($? & 127) || ($? >> 8) > 1;
+    return @res;
 }
 
 # Check one choice against the request and the sampler's invariants.
 # Returns a list of problems (empty when all is well).
 sub choice_problems {
     my ($req, $c, $vocab) = @_;
-    my @p;
-    my $sp = $req->{sampling_params} // {};
-    my $mask = $req->{return_sampling_mask};
-    my $mode = $req->{sampling_logprobs_mode} // 'selected';
-    my $k = $sp->{top_k} // -1;
-    my $greedy = defined $sp->{temperature} && $sp->{temperature} == 0;
-    my $toks = $c->{token_ids};
-
-    return ('no token_ids') unless ref $toks eq 'ARRAY';
-    my $n = @$toks;
-    push @p, "finish_reason $c->{finish_reason}"
-        unless ($c->{finish_reason} // '') =~ /^(stop|length|abort)$/;
-    push @p, "more tokens ($n) than max_tokens"
-        if defined $sp->{max_tokens} && $n > $sp->{max_tokens};
-    for (@$toks) {
-        push @p, "token $_ outside the vocabulary" if $_ < 0 || $_ >= $vocab;
-    }
-
-    if ($mask) {
-        my ($rows, $lps) = ($c->{sampling_mask}, $c->{sampling_mask_logprobs});
-        return (@p, 'no sampling_mask') unless ref $rows eq 'ARRAY';
-        return (@p, 'no sampling_mask_logprobs') unless ref $lps eq 'ARRAY';
-        push @p, "mask rows " . @$rows . " != tokens $n" if @$rows != $n;
-        push @p, "mask logprobs " . @$lps . " != tokens $n" if @$lps != $n;
-        for my $i (0 .. $#$rows) {
-            my $row = $rows->[$i];
-            my $t = $toks->[$i];
-            my ($pos) = grep { $row->[$_] == $t } 0 .. $#$row;
-            push @p, "row $i: sampled token $t not in its row" unless defined $pos;
-            for my $j (1 .. $#$row) {
-                push @p, "row $i: ids not ascending and unique at $j"
-                    if $row->[$j] <= $row->[$j - 1];
-            }
-            push @p, "row $i: id outside the vocabulary"
-                if grep { $_ < 0 || $_ >= $vocab } @$row;
-            push @p, "row $i: " . @$row . " ids > top_k $k" if $k > 0 && @$row > $k;
-            push @p, "row $i: greedy row of " . @$row . " ids" if $greedy && @$row != 1;
-            if ($mode eq 'support') {
-                my $l = $lps->[$i];
-                if (ref $l ne 'ARRAY' || @$l != @$row) {
-                    push @p, "row $i: support logprobs not aligned";
-                    next;
-                }
-                my $z = _logsumexp(@$l);
-                push @p, "row $i: logsumexp $z" if abs($z) > 1e-4;
-                push @p, "row $i: logprob > 0" if grep { $_ > 1e-6 } @$l;
-                push @p, "row $i: greedy logprob $l->[0]"
-                    if $greedy && abs($l->[0]) > 1e-6;
-                if (defined $pos && $c->{logprobs}) {
-                    my $e = $c->{logprobs}{content}[$i];
-                    push @p, "row $i: logprobs.content logprob differs from "
-                        . "the support's" if $e && abs($e->{logprob} - $l->[$pos]) > 1e-6;
-                }
-            } else {
-                my $l = $lps->[$i];
-                push @p, "row $i: selected logprob is not a number"
-                    if ref $l || !defined $l;
-                push @p, "row $i: selected logprob $l > 0" if !ref $l && $l > 1e-6;
-                push @p, "row $i: greedy logprob $l"
-                    if $greedy && !ref $l && abs($l) > 1e-6;
-            }
-        }
-    } else {
-        push @p, 'sampling_mask present without return_sampling_mask'
-            if exists $c->{sampling_mask};
-    }
-
-    if (defined $sp->{logprobs}) {
-        my $content = $c->{logprobs} && $c->{logprobs}{content};
-        if (ref $content ne 'ARRAY') {
-            push @p, 'no logprobs.content';
-        } else {
-            push @p, "logprobs.content " . @$content . " != tokens $n"
-                if @$content != $n;
-            for my $i (0 .. $#$content) {
-                my $e = $content->[$i];
-                push @p, "logprobs[$i].token_id differs"
-                    if $e->{token_id} != ($toks->[$i] // -1);
-                my $top = $e->{top_logprobs};
-                push @p, "logprobs[$i]: " . @$top . " top > $sp->{logprobs}"
-                    if @$top > $sp->{logprobs};
-                for my $j (1 .. $#$top) {
-                    push @p, "logprobs[$i]: top not best first"
-                        if $top->[$j]{logprob} > $top->[$j - 1]{logprob};
-                }
-                push @p, "logprobs[$i]: sampled logprob above the best"
-                    if @$top && $e->{logprob} > $top->[0]{logprob} + 1e-6;
-            }
-        }
-    } elsif (exists $c->{logprobs}) {
-        push @p, 'logprobs present without sampling_params.logprobs';
-    }
-    return @p;
+    return @{ (choices_problems($vocab, [$req, $c]))[0] };
 }
 
 END {
