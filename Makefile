@@ -73,6 +73,7 @@ tests: $(TESTS)
 
 # the response checker of the load client and of the tests, and its test
 CHECK_SRC := bench/e2e/array.c bench/e2e/check.c
+RESP_SRC  := $(CHECK_SRC) bench/e2e/resp.c bench/e2e/sse.c
 
 $(B)/t/test_e2e_check: t/c/test_e2e_check.c $(CHECK_SRC) $(CHECK_SRC:.c=.h) $(LIBS)
 	@mkdir -p $(dir $@)
@@ -81,10 +82,10 @@ $(B)/t/test_e2e_check: t/c/test_e2e_check.c $(CHECK_SRC) $(CHECK_SRC:.c=.h) $(LI
 	    $(CUDA_LIBS) $(LDLIBS)
 
 # the same checker as a program, for the end-to-end tests (t/lib/MsvTest.pm)
-$(B)/bench/e2e_check: bench/e2e_check.c $(CHECK_SRC) $(CHECK_SRC:.c=.h) $(LIBS)
+$(B)/bench/e2e_check: bench/e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
-	    -o $@ $< $(CHECK_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
+	    -o $@ $< $(RESP_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
 $(B)/t/%: t/c/%.c $(LIBS)
@@ -100,7 +101,8 @@ $(B)/bench/%: bench/%.c $(LIBS)
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # the e2e load client is split by concern: bench/e2e/ holds its parts
-# (http.c, sse.c, load.c, check.c, array.c); bench/e2e_load.c its options
+# (http.c, sse.c, resp.c, load.c, check.c, array.c); bench/e2e_load.c its
+# options
 E2E_SRC := $(wildcard bench/e2e/*.c)
 
 $(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) $(LIBS)

@@ -6,14 +6,20 @@
  *   e2e_check [--vocab N] [--choice] [FILE]
  *
  * Input (FILE, or stdin): pairs of lines, a request (the JSON body of
- * POST /inference/v1/generate) and what it got, one JSON document a
- * line: a non-streaming response body or, with --choice, one element of
- * its "choices" (the tests merge a stream's events into one).  Each is
- * checked as a whole choice against what its request asked (the mask
- * mode and format, top_k, temperature, max_tokens, logprobs) and, with
- * --vocab, the vocabulary.  Output: one line per pair, a JSON array of
- * the problems found, [] when there are none.  The exit status is 1 when
- * a pair has a problem, 2 on a usage or read error.
+ * POST /inference/v1/generate) and what it got, one JSON value a line:
+ *   - an object: the non-streaming response body or, with --choice, one
+ *     element of its "choices" (the tests merge a stream's events into
+ *     one choice);
+ *   - a string: the body of a stream (text/event-stream), JSON-encoded
+ *     to fit on the line.
+ * Each is checked against what its request asked (the mask mode and
+ * format, top_k, temperature, max_tokens, ignore_eos, logprobs, the
+ * prompt's length) and, with --vocab, the vocabulary: a body or a stream
+ * as the load client checks it (resp.c: every document, then the whole:
+ * [DONE], usage, finish_reason), a choice as a whole.  Output: one line
+ * per pair, a JSON array of the problems found, [] when there are none.
+ * The exit status is 1 when a pair has a problem, 2 on a usage or read
+ * error.
  */
 
 #include <getopt.h>
@@ -26,14 +32,24 @@
 
 #include "array.h"
 #include "check.h"
+#include "resp.h"
+
+
+/* what the request asked, beyond what each document is checked against */
+typedef struct {
+    msv_expect_t  e;
+    long          prompt_len;       /* token_ids given; -1: a text prompt */
+    int           ignore_eos;
+} msv_ask_t;
 
 
 /* What the request asked, as check.c wants it. */
 
 static int
-msv_expect_of(const char *req, long vocab, msv_expect_t *e, char *why,
+msv_ask_of(const char *req, long vocab, msv_ask_t *a, char *why,
     size_t whylen)
 {
+    msv_expect_t  *e = &a->e;
     char         err[128];
     const char  *p_mask[] = { "return_sampling_mask", NULL };
     const char  *p_mode[] = { "sampling_logprobs_mode", NULL };
@@ -42,6 +58,8 @@ msv_expect_of(const char *req, long vocab, msv_expect_t *e, char *why,
     const char  *p_t[] = { "sampling_params", "temperature", NULL };
     const char  *p_max[] = { "sampling_params", "max_tokens", NULL };
     const char  *p_lp[] = { "sampling_params", "logprobs", NULL };
+    const char  *p_eos[] = { "sampling_params", "ignore_eos", NULL };
+    const char  *p_ids[] = { "token_ids", NULL };
     const char  *s;
     yajl_val     root, v;
     int          packed;
@@ -77,6 +95,9 @@ msv_expect_of(const char *req, long vocab, msv_expect_t *e, char *why,
     e->logprobs = v ? (long) YAJL_GET_DOUBLE(v) : -1;
     e->vocab = vocab;
     e->whole = 1;
+    a->ignore_eos = YAJL_IS_TRUE(yajl_tree_get(root, p_eos, yajl_t_true));
+    v = yajl_tree_get(root, p_ids, yajl_t_array);
+    a->prompt_len = v ? (long) YAJL_GET_ARRAY(v)->len : -1;
 
     yajl_tree_free(root);
     return 0;
@@ -139,6 +160,67 @@ msv_check_one(msv_doc_t *d, const char *resp, size_t n, int choice,
 }
 
 
+/*
+ * A response body (stream: the SSE text), checked as the load client
+ * checks one: every document as it comes, then the whole.  0, or -1
+ * with why.
+ */
+
+static int
+msv_check_body(msv_resp_t *r, const msv_ask_t *a, const char *body, size_t n,
+    int stream, char *why, size_t whylen)
+{
+    r->e = a->e;
+    r->e.whole = !stream;
+    r->stream = stream;
+    r->prompt_len = a->prompt_len;
+    r->max_tokens = a->e.max_tokens;
+    r->ignore_eos = a->ignore_eos;
+    r->abort_ok = 1;
+    r->clock = NULL;
+    msv_resp_reset(r);
+
+    if (msv_resp_data(r, body, n) == 0 && msv_resp_end(r) == 0) {
+        msv_resp_check(r);
+    }
+    msv_resp_stop(r);
+    snprintf(why, whylen, "%s", r->bad);
+    return r->bad[0] ? -1 : 0;
+}
+
+
+/* The text of a line holding one JSON string; NULL if it is not one. */
+
+static char *
+msv_line_string(const char *line, size_t n, size_t *len)
+{
+    char      *w, err[128], *s;
+    yajl_val   root, v;
+
+    w = malloc(n + 3);
+    if (w == NULL) {
+        return NULL;
+    }
+    w[0] = '[';
+    memcpy(w + 1, line, n);
+    w[n + 1] = ']';
+    w[n + 2] = '\0';
+    root = yajl_tree_parse(w, err, sizeof(err));
+    free(w);
+
+    s = NULL;
+    if (YAJL_IS_ARRAY(root) && YAJL_GET_ARRAY(root)->len == 1) {
+        v = YAJL_GET_ARRAY(root)->values[0];
+        if (YAJL_IS_STRING(v)) {
+            s = strdup(v->u.string);
+            *len = strlen(s);
+        }
+    }
+    yajl_tree_free(root);
+    return s;
+}
+
+
 /* One line of output: the problems as a JSON array of strings. */
 
 static void
@@ -189,10 +271,13 @@ main(int argc, char **argv)
     size_t         req_cap = 0, resp_cap = 0;
     ssize_t        n;
     long           vocab = 0;
-    int            opt, choice = 0, bad = 0;
+    int            opt, choice = 0, bad = 0, rc;
     FILE          *in = stdin;
     msv_doc_t      d;
-    msv_expect_t   e;
+    msv_ask_t      a;
+    msv_resp_t     r;
+    char          *sse;
+    size_t         sse_n, i;
 
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (opt) {
@@ -228,6 +313,7 @@ main(int argc, char **argv)
     }
 
     memset(&d, 0, sizeof(d));
+    memset(&r, 0, sizeof(r));
 
     while (getline(&req, &req_cap, in) >= 0) {
         n = getline(&resp, &resp_cap, in);
@@ -240,10 +326,33 @@ main(int argc, char **argv)
             n--;
         }
 
-        if (msv_expect_of(req, vocab, &e, why, sizeof(why)) != 0
-            || msv_check_one(&d, resp, (size_t) n, choice, &e, why,
-                             sizeof(why)) != 0)
+        for (i = 0; i < (size_t) n && (resp[i] == ' ' || resp[i] == '\t');
+             i++)
         {
+            /* the first character says a body or a stream */
+        }
+
+        if (msv_ask_of(req, vocab, &a, why, sizeof(why)) != 0) {
+            rc = -1;
+        } else if (i < (size_t) n && resp[i] == '"') {
+            sse = msv_line_string(resp, (size_t) n, &sse_n);
+            if (sse == NULL) {
+                snprintf(why, sizeof(why), "the stream is not one JSON "
+                         "string");
+                rc = -1;
+            } else {
+                rc = msv_check_body(&r, &a, sse, sse_n, 1, why, sizeof(why));
+                free(sse);
+            }
+        } else if (choice) {
+            rc = msv_check_one(&d, resp, (size_t) n, 1, &a.e, why,
+                               sizeof(why));
+        } else {
+            rc = msv_check_body(&r, &a, resp, (size_t) n, 0, why,
+                                sizeof(why));
+        }
+
+        if (rc != 0) {
             msv_print_problems(why);
             bad = 1;
         } else {
@@ -256,6 +365,7 @@ main(int argc, char **argv)
     }
 
     msv_doc_free(&d);
+    msv_resp_free(&r);
     free(req);
     free(resp);
     if (in != stdin) {

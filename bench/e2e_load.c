@@ -35,6 +35,7 @@
  * The parts, one concern a file: this file parses the options and runs
  * the repeats; bench/e2e/load.c is the load driver with its statistics,
  * bench/e2e/http.c the HTTP/1.1 client (connections, chunked decoding),
+ * bench/e2e/resp.c a response checked as it arrives and as a whole,
  * bench/e2e/sse.c the SSE splitter, bench/e2e/check.c parses and checks
  * each JSON document (also tested alone, t/c/test_e2e_check.c, and the
  * checker of the end-to-end tests through bench/e2e_check.c);
@@ -631,9 +632,8 @@ main(int argc, char **argv)
         msv_conn_close(&L, &L.conns[i]);
         free(L.conns[i].req.p);
         free(L.conns[i].hdr.p);
-        free(L.conns[i].data.p);
         free(L.conns[i].errbody.p);
-        msv_doc_free(&L.conns[i].doc);
+        msv_resp_free(&L.conns[i].r);
     }
     for (i = 0; i < o->repeats * o->n_modes; i++) {
         msv_run_free(&runs[i]);

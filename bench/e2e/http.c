@@ -35,10 +35,7 @@ msv_conn_close(msv_load_t *L, msv_conn_t *c)
     c->fd = -1;
     c->state = MSV_C_CLOSED;
     c->reused = 0;
-    if (c->yh) {
-        yajl_free(c->yh);
-        c->yh = NULL;
-    }
+    msv_resp_stop(&c->r);
 }
 
 

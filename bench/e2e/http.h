@@ -2,7 +2,8 @@
  * http.h: the HTTP/1.1 client of the e2e load client: one connection
  * per request in flight, keep-alive, nonblocking under epoll; the
  * response head is parsed, the body decoded (chunked or not) and handed
- * to load.c (msv_body_data, msv_body_end) as it comes.
+ * to load.c (msv_body_data, msv_body_end) as it comes, which checks it
+ * with resp.c.
  */
 
 #ifndef MSV_E2E_HTTP_H
@@ -14,11 +15,10 @@
 
 #include "array.h"
 #include "check.h"
-#include "sse.h"
+#include "resp.h"
 
 
 #define MSV_LOAD_HDR_MAX      16384
-#define MSV_LOAD_ERR_MAX      MSV_CHECK_ERR_MAX
 #define MSV_LOAD_READ_BUF     (256 * 1024)
 
 typedef enum {
@@ -46,6 +46,9 @@ typedef enum {
     MSV_CH_DONE
 } msv_chunk_state_t;
 
+typedef struct msv_load_s  msv_load_t;
+typedef struct msv_conn_s  msv_conn_t;
+
 struct msv_conn_s {
     int                fd;
     msv_conn_state_t   state;
@@ -56,7 +59,6 @@ struct msv_conn_s {
     msv_bytes_t        req;
     size_t             req_off;
     double             t_start;
-    double             t_first;         /* first event (or first byte) */
 
     /* the response */
     msv_http_state_t   http;
@@ -73,33 +75,10 @@ struct msv_conn_s {
     int                ch_line_len;
     long long          bytes;           /* on the wire, headers included */
 
-    /* SSE, parsed as it arrives: the values of data lines go straight
-     * into the JSON parser, events are never buffered whole */
-    msv_sse_state_t    sse;
-    int                field_n;
-    char               field[8];        /* the line's field name so far */
-    int                data_seen;       /* the event has a data line */
-    int                data_kind;       /* 0: no byte yet, 1: JSON, 2: other */
-    msv_bytes_t        data;            /* data that is not JSON ([DONE]) */
-
-    /* JSON of the body (non-streaming) or of the current event */
-    yajl_handle        yh;
-    msv_doc_t          doc;
     msv_bytes_t        errbody;         /* non-200 bodies, for messages */
 
-    /* accumulated over the events */
-    long               n_events;
-    long               n_tokens;
-    long               n_rows;
-    long long          n_mask_ids;
-    int                final_seen;
-    int                done_seen;
-    char               finish[16];
-    long               completion_tokens;
-    long               prompt_tokens;
-    uint64_t           hash;            /* FNV-1a of the token ids */
-    uint64_t           mhash;           /* of the rows' lengths and ids */
-    char               bad[MSV_LOAD_ERR_MAX];
+    /* the body, checked as it arrives and as a whole */
+    msv_resp_t         r;
 };
 
 

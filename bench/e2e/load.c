@@ -22,7 +22,7 @@
 
 #include "load.h"
 #include "http.h"
-#include "sse.h"
+#include "resp.h"
 
 
 double
@@ -184,7 +184,7 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
 
 
 static void
-msv_resp_reset(msv_conn_t *c)
+msv_conn_reset(msv_conn_t *c)
 {
     c->http = MSV_H_HEADERS;
     c->hdr.n = 0;
@@ -199,29 +199,33 @@ msv_resp_reset(msv_conn_t *c)
     c->ch_digits = 0;
     c->ch_line_len = 0;
     c->bytes = 0;
-    c->sse = MSV_SSE_START;
-    c->field_n = 0;
-    c->data.n = 0;
-    c->data_seen = 0;
-    c->data_kind = 0;
     c->errbody.n = 0;
-    c->n_events = 0;
-    c->n_tokens = 0;
-    c->n_rows = 0;
-    c->n_mask_ids = 0;
-    c->final_seen = 0;
-    c->done_seen = 0;
-    c->finish[0] = '\0';
-    c->completion_tokens = -1;
-    c->prompt_tokens = -1;
-    c->hash = 0xcbf29ce484222325ULL;
-    c->mhash = 0xcbf29ce484222325ULL;
-    c->bad[0] = '\0';
-    c->t_first = 0;
-    if (c->yh) {
-        yajl_free(c->yh);
-        c->yh = NULL;
-    }
+    msv_resp_reset(&c->r);
+}
+
+
+/* What the request asks, for the checks of its response: each event
+ * alone (the counts over the stream are checked at its end); the client
+ * asks no logprobs and does not know the vocabulary. */
+
+static void
+msv_conn_expect(msv_load_t *L, msv_conn_t *c, int mode)
+{
+    msv_resp_t  *r = &c->r;
+
+    r->e.top_k = L->o.top_k;
+    r->e.temperature = L->o.temperature;
+    r->e.variant = mode;
+    r->e.vocab = 0;
+    r->e.max_tokens = -1;
+    r->e.logprobs = -1;
+    r->e.whole = 0;
+    r->stream = L->o.stream;
+    r->prompt_len = L->o.prompt_len;
+    r->max_tokens = L->o.max_tokens;
+    r->ignore_eos = L->o.ignore_eos;
+    r->abort_ok = 0;
+    r->clock = msv_now;
 }
 
 
@@ -246,7 +250,8 @@ msv_conn_start(msv_load_t *L, msv_conn_t *c)
 
     c->idx = run->issued++;
     msv_build_request(L, c, run->mode);
-    msv_resp_reset(c);
+    msv_conn_expect(L, c, run->mode);
+    msv_conn_reset(c);
     c->t_start = msv_now();
     run->t_issue = c->t_start;
 
@@ -260,18 +265,14 @@ msv_conn_start(msv_load_t *L, msv_conn_t *c)
 
 void
 msv_fail(msv_load_t *L, msv_conn_t *c, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-void
-msv_fail(msv_load_t *L, msv_conn_t *c, const char *fmt, ...)
 {
     va_list  ap;
 
-    if (c->bad[0] != '\0') {
+    if (c->r.bad[0] != '\0') {
         return;
     }
     va_start(ap, fmt);
-    vsnprintf(c->bad, sizeof(c->bad), fmt, ap);
+    vsnprintf(c->r.bad, sizeof(c->r.bad), fmt, ap);
     va_end(ap);
 }
 
@@ -289,7 +290,7 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
     run->t_last = now;
     msv_f64s_push(&run->done_t, now);
 
-    if (c->bad[0] == '\0' && !broken) {
+    if (c->r.bad[0] == '\0' && !broken) {
         /* the end of the response: checks over the whole of it */
         if (c->status != 200) {
             msv_fail(L, c, "HTTP %d: %.200s", c->status,
@@ -297,44 +298,20 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
         } else if (!c->ctype_ok) {
             msv_fail(L, c, "wrong Content-Type for %s",
                      L->o.stream ? "a stream" : "a JSON body");
-        } else if (L->o.stream && !c->done_seen) {
-            msv_fail(L, c, "the stream did not end with data: [DONE]");
-        } else if (!c->final_seen) {
-            msv_fail(L, c, "no event carried a finish_reason");
-        } else if (c->completion_tokens != c->n_tokens) {
-            msv_fail(L, c, "usage.completion_tokens %ld, tokens received "
-                     "%ld", c->completion_tokens, c->n_tokens);
-        } else if (c->prompt_tokens != L->o.prompt_len) {
-            msv_fail(L, c, "usage.prompt_tokens %ld, prompt of %ld",
-                     c->prompt_tokens, L->o.prompt_len);
-        } else if (L->o.ignore_eos && c->n_tokens != L->o.max_tokens) {
-            msv_fail(L, c, "%ld tokens with ignore_eos, max_tokens %ld",
-                     c->n_tokens, L->o.max_tokens);
-        } else if (strcmp(c->finish, "length") != 0
-                   && strcmp(c->finish, "stop") != 0)
-        {
-            msv_fail(L, c, "finish_reason \"%s\"", c->finish);
-        } else if (L->o.ignore_eos && strcmp(c->finish, "length") != 0) {
-            msv_fail(L, c, "finish_reason \"%s\" with ignore_eos, expected "
-                     "\"length\"", c->finish);
-        } else if (c->n_tokens > L->o.max_tokens) {
-            msv_fail(L, c, "%ld tokens, max_tokens %ld", c->n_tokens,
-                     L->o.max_tokens);
-        } else if (run->mode != MSV_MODE_OFF && c->n_rows != c->n_tokens) {
-            msv_fail(L, c, "%ld mask rows for %ld tokens", c->n_rows,
-                     c->n_tokens);
+        } else {
+            msv_resp_check(&c->r);
         }
     }
 
-    if (c->bad[0] == '\0' && !broken) {
+    if (c->r.bad[0] == '\0' && !broken) {
         run->ok++;
-        run->tokens += c->n_tokens;
-        run->mask_ids += c->n_mask_ids;
-        run->events += c->n_events;
+        run->tokens += c->r.n_tokens;
+        run->mask_ids += c->r.n_mask_ids;
+        run->events += c->r.n_events;
         run->bytes += c->bytes;
         msv_f64s_push(&run->ok_t, now);
         msv_f64s_push(&run->start_t, c->t_start);
-        msv_f64s_push(&run->ttfe, c->t_first - c->t_start);
+        msv_f64s_push(&run->ttfe, c->r.t_first - c->t_start);
         msv_f64s_push(&run->lat, now - c->t_start);
 
         /* the same request gives the same tokens in every mode and run */
@@ -347,8 +324,8 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
             memset(L->hashes + old, 0,
                    (L->hashes_cap - old) * sizeof(uint64_t));
         }
-        c->hash |= 1;               /* never 0 */
-        c->mhash |= 1;
+        c->r.hash |= 1;               /* never 0 */
+        c->r.mhash |= 1;
 
         /* the same mask in JSON and packed form */
         if (msv_mask_of(run->mode) != MSV_MODE_OFF) {
@@ -365,8 +342,8 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
             }
             mh = &L->mhashes[k][c->idx];
             if (*mh == 0) {
-                *mh = c->mhash;
-            } else if (*mh != c->mhash) {
+                *mh = c->r.mhash;
+            } else if (*mh != c->r.mhash) {
                 run->mismatches++;
                 L->total_mismatches++;
                 if (L->errors_printed++ < L->o.print_errors) {
@@ -378,8 +355,8 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
         }
 
         if (L->hashes[c->idx] == 0) {
-            L->hashes[c->idx] = c->hash;
-        } else if (L->hashes[c->idx] != c->hash) {
+            L->hashes[c->idx] = c->r.hash;
+        } else if (L->hashes[c->idx] != c->r.hash) {
             run->mismatches++;
             L->total_mismatches++;
             if (L->errors_printed++ < L->o.print_errors) {
@@ -390,18 +367,18 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
         }
 
     } else {
-        if (c->bad[0] == '\0') {
+        if (c->r.bad[0] == '\0') {
             msv_fail(L, c, "connection failed");
         }
         run->failed++;
         L->total_failed++;
         if (L->errors_printed++ < L->o.print_errors) {
             fprintf(stderr, "e2e_load: request %ld (mask %s): %s\n", c->idx,
-                    msv_mode_names[run->mode], c->bad);
+                    msv_mode_names[run->mode], c->r.bad);
         }
     }
 
-    if (broken || c->close_after || c->bad[0] != '\0') {
+    if (broken || c->close_after || c->r.bad[0] != '\0') {
         msv_conn_close(L, c);
     } else {
         c->state = MSV_C_IDLE;
@@ -423,122 +400,6 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
 }
 
 
-/* One complete JSON document (an event, or the whole body). */
-
-static int
-msv_conn_doc(msv_load_t *L, msv_conn_t *c, msv_doc_t *d)
-{
-    msv_run_t     *run = L->run;
-    size_t         i;
-    msv_expect_t   e;
-
-    /* each event alone: the counts over the stream are checked at its end;
-     * the client asks no logprobs and does not know the vocabulary */
-    e.top_k = L->o.top_k;
-    e.temperature = L->o.temperature;
-    e.variant = run->mode;
-    e.vocab = 0;
-    e.max_tokens = -1;
-    e.logprobs = -1;
-    e.whole = 0;
-
-    if (msv_doc_check(d, &e) != 0) {
-        msv_fail(L, c, "%s%s", L->o.stream ? "event: " : "", d->bad);
-        return -1;
-    }
-
-    if (c->final_seen) {
-        msv_fail(L, c, "an event after the one with the finish_reason");
-        return -1;
-    }
-
-    c->n_events++;
-    c->n_tokens += (long) d->tokens.n;
-    c->n_rows += (long) d->row_off.n;
-    c->n_mask_ids += (long long) d->row_ids.n;
-    for (i = 0; i < d->tokens.n; i++) {
-        c->hash = (c->hash ^ (uint32_t) d->tokens.v[i])
-                  * 0x100000001b3ULL;
-    }
-    /* row by row, length then ids: the same whatever the events */
-    for (i = 0; i < d->row_off.n; i++) {
-        size_t  j, end;
-
-        end = i + 1 < d->row_off.n ? (size_t) d->row_off.v[i + 1]
-                                   : d->row_ids.n;
-        c->mhash = (c->mhash ^ (uint32_t) (end - (size_t) d->row_off.v[i]))
-                   * 0x100000001b3ULL;
-        for (j = (size_t) d->row_off.v[i]; j < end; j++) {
-            c->mhash = (c->mhash ^ (uint32_t) d->row_ids.v[j])
-                       * 0x100000001b3ULL;
-        }
-    }
-
-    if (d->finish == 2) {
-        c->final_seen = 1;
-        snprintf(c->finish, sizeof(c->finish), "%s", d->finish_str);
-        if (d->completion_tokens < 0 || d->prompt_tokens < 0) {
-            msv_fail(L, c, "the last event has no usage");
-            return -1;
-        }
-        c->completion_tokens = d->completion_tokens;
-        c->prompt_tokens = d->prompt_tokens;
-    } else if (d->completion_tokens >= 0) {
-        msv_fail(L, c, "usage before the last event");
-        return -1;
-    }
-    return 0;
-}
-
-
-int
-msv_json_run(msv_load_t *L, msv_conn_t *c, const char *p, size_t n, int end)
-{
-    yajl_status     st;
-    unsigned char  *msg;
-
-    if (c->yh == NULL) {
-        msv_doc_reset(&c->doc);
-        c->yh = yajl_alloc(&msv_doc_callbacks, NULL, &c->doc);
-        if (c->yh == NULL) {
-            fprintf(stderr, "e2e_load: yajl_alloc failed\n");
-            exit(1);
-        }
-    }
-
-    st = n ? yajl_parse(c->yh, (const unsigned char *) p, n) : yajl_status_ok;
-    if (st == yajl_status_ok && end) {
-        st = yajl_complete_parse(c->yh);
-    }
-
-    if (st == yajl_status_client_canceled) {
-        msv_fail(L, c, "%s%s", L->o.stream ? "event: " : "", c->doc.bad);
-        return -1;
-    }
-    if (st != yajl_status_ok) {
-        msg = yajl_get_error(c->yh, 0, (const unsigned char *) p, n);
-        msv_fail(L, c, "invalid JSON: %s",
-                 msg ? (char *) msg : "(no message)");
-        if (msg) {
-            yajl_free_error(c->yh, msg);
-        }
-        return -1;
-    }
-
-    if (end) {
-        yajl_free(c->yh);
-        c->yh = NULL;
-        if (!c->doc.top_done) {
-            msv_fail(L, c, "empty JSON document");
-            return -1;
-        }
-        return msv_conn_doc(L, c, &c->doc);
-    }
-    return 0;
-}
-
-
-
 /* Decoded body bytes. */
 
 int
@@ -551,14 +412,7 @@ msv_body_data(msv_load_t *L, msv_conn_t *c, const char *p, size_t n)
         return 0;
     }
 
-    if (!L->o.stream) {
-        if (c->t_first == 0) {
-            c->t_first = msv_now();
-        }
-        return msv_json_run(L, c, p, n, 0);
-    }
-
-    return msv_sse_input(L, c, p, n);
+    return msv_resp_data(&c->r, p, n);
 }
 
 
@@ -572,14 +426,7 @@ msv_body_end(msv_load_t *L, msv_conn_t *c)
     if (c->status != 200) {
         return 0;
     }
-    if (L->o.stream) {
-        if (c->sse != MSV_SSE_START || c->data_seen) {
-            msv_fail(L, c, "the stream ended inside an event");
-            return -1;
-        }
-        return 0;
-    }
-    return msv_json_run(L, c, NULL, 0, 1);
+    return msv_resp_end(&c->r);
 }
 
 

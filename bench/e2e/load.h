@@ -2,7 +2,8 @@
  * load.h: the load driver of the e2e load client: its options, runs (a
  * mode at a load) and their statistics.  The driver keeps `conc`
  * requests in flight over the connections of http.c, accounts for each
- * response when it ends and checks it as a whole; the summary of a run
+ * response when it ends (resp.c checks it), compares the tokens and
+ * masks of a request over the modes and repeats; the summary of a run
  * is taken over its steady window.
  */
 
@@ -135,10 +136,6 @@ void msv_fail(msv_load_t *L, msv_conn_t *c, const char *fmt, ...)
 
 /* The response is over (broken: the connection failed): account for it. */
 void msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken);
-
-/* JSON bytes of the body or of an event (end: the document is over). */
-int msv_json_run(msv_load_t *L, msv_conn_t *c, const char *p, size_t n,
-    int end);
 
 /* Decoded body bytes, and the end of the body. */
 int msv_body_data(msv_load_t *L, msv_conn_t *c, const char *p, size_t n);

@@ -1,0 +1,86 @@
+/*
+ * resp.h: one response of POST /inference/v1/generate, checked as it
+ * arrives and as a whole.  Its decoded body, one JSON document or an SSE
+ * stream that sse.c splits into events of one document each, goes
+ * through check.c document by document; what spans the events is checked
+ * here: nothing after the event with the finish_reason, usage in that
+ * event only, the stream's data: [DONE], and at the end the counts
+ * against the request (usage, max_tokens, ignore_eos, a mask row per
+ * token).  The load client (load.c) and bench/e2e_check.c use it.
+ */
+
+#ifndef MSV_E2E_RESP_H
+#define MSV_E2E_RESP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <yajl/yajl_parse.h>
+
+#include "array.h"
+#include "check.h"
+#include "sse.h"
+
+
+struct msv_resp_s {
+    /* what was asked: set before the first byte, kept by msv_resp_reset */
+    msv_expect_t   e;               /* for each document (whole: 0) */
+    int            stream;
+    long           prompt_len;      /* -1: not checked */
+    long           max_tokens;      /* -1: not checked */
+    int            ignore_eos;
+    int            abort_ok;        /* finish_reason "abort" is valid */
+    double       (*clock)(void);    /* stamps t_first; NULL: none */
+
+    double         t_first;         /* first event (or first byte) */
+    msv_sse_t      sse;
+
+    /* JSON of the body (non-streaming) or of the current event */
+    yajl_handle    yh;
+    msv_doc_t      doc;
+
+    /* accumulated over the events */
+    long           n_events;
+    long           n_tokens;
+    long           n_rows;
+    long long      n_mask_ids;
+    int            final_seen;
+    int            done_seen;
+    char           finish[16];
+    long           completion_tokens;
+    long           prompt_tokens;
+    uint64_t       hash;            /* FNV-1a of the token ids */
+    uint64_t       mhash;           /* of the rows' lengths and ids */
+
+    /* the first problem found */
+    char           bad[MSV_CHECK_ERR_MAX];
+};
+
+
+/* Ready for the next response (keeps what was asked, and the memory). */
+void msv_resp_reset(msv_resp_t *r);
+
+/* The connection is gone: drop a document half parsed. */
+void msv_resp_stop(msv_resp_t *r);
+
+void msv_resp_free(msv_resp_t *r);
+
+/* Record the first problem (later ones are dropped); returns -1. */
+int msv_resp_fail(msv_resp_t *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Decoded body bytes of a 200 response; 0, or -1 with r->bad set. */
+int msv_resp_data(msv_resp_t *r, const char *p, size_t n);
+
+/* The body is complete; 0, or -1 with r->bad set. */
+int msv_resp_end(msv_resp_t *r);
+
+/* The checks over the whole response, once it ended; 0 or -1. */
+int msv_resp_check(msv_resp_t *r);
+
+/* JSON bytes of the body or of an event (end: the document is over);
+ * for sse.c.  0, or -1 with r->bad set. */
+int msv_resp_json(msv_resp_t *r, const char *p, size_t n, int end);
+
+
+#endif /* MSV_E2E_RESP_H */
