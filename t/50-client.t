@@ -6,7 +6,8 @@
 # random requests, and the replay of masks on the CPU backend's own
 # logits (build/maskserve-logits) in numpy and torch to 1e-5.  Then
 # bench/e2e_load checks live responses of every variant (JSON and packed
-# side by side, their mask rows compared).
+# side by side, their mask rows compared), and bench/e2e_check whole
+# bodies and streams, live and broken.
 #
 # Every Python test is relayed as one TAP line; a skipped one fails.
 
@@ -90,6 +91,62 @@ for my $k (50, -1) {
         or diag($o);
     like($o, qr/validation: 0 failed responses, 0 token_ids mismatches/,
          '... with no failure and no mismatch');
+}
+
+# the same checker on whole bodies and raw streams (bench/e2e_check, which
+# the other tests call on choices): live ones pass, each broken copy is
+# caught with the problem named
+{
+    my $V = $t->health->{workers}[0]{vocab_size};
+    my $true = JSON::PP::true;
+    my @reqs = map { { token_ids => [5, 6, 7],
+                       sampling_params => { max_tokens => 6, top_k => 20,
+                                            seed => 3, ignore_eos => $true,
+                                            logprobs => 2 },
+                       %$_ } }
+        {},
+        { return_sampling_mask => $true, sampling_logprobs_mode => 'selected' },
+        { return_sampling_mask => $true, sampling_logprobs_mode => 'support' },
+        { return_sampling_mask => $true, sampling_logprobs_mode => 'support',
+          mask_format => 'packed' };
+    my @items;
+    for my $req (@reqs) {
+        my %plain = %$req;
+        delete $plain{sampling_params}{logprobs} if $req->{mask_format};
+        my $r = $t->generate(\%plain);
+        my $s = $t->stream(\%plain);
+        push @items, [\%plain, $r->{content}, 'body'],
+                     [\%plain, MsvTest::json()->encode($s->{raw}), 'stream'];
+    }
+    my ($body, $stream) = ($items[4][1], $t->stream($reqs[2])->{raw});
+    (my $eos = $body) =~ s/"finish_reason":"length"/"finish_reason":"stop"/;
+    (my $row = $body) =~ s/"sampling_mask":\[\[/"sampling_mask":[[$V,/;
+    (my $usage = $body) =~ s/"completion_tokens":6/"completion_tokens":5/;
+    (my $done = $stream) =~ s/data: \[DONE\]\n\n//;
+    my @bad = ([$eos, 'with ignore_eos, expected "length"'],
+               [$row, 'not ascending and unique'],
+               [$usage, 'usage.completion_tokens 5'],
+               [MsvTest::json()->encode($done), 'did not end with data: [DONE]']);
+    my $in = "$dir/checks.txt";
+    open my $fh, '>', $in or die "$in: $!";
+    print $fh MsvTest::json()->encode($_->[0]), "\n", $_->[1], "\n" for @items;
+    print $fh MsvTest::json()->encode($reqs[2]), "\n", $_->[0], "\n" for @bad;
+    close $fh;
+    my @out = map { MsvTest::json()->decode($_) }
+              `$MsvTest::BUILD/bench/e2e_check --vocab $V $in`;
+    is($? >> 8, 1, 'bench/e2e_check: exit status 1 when a pair has a problem');
+    for my $i (0 .. $#items) {
+        my $what = ($items[$i][0]{sampling_logprobs_mode} // 'off')
+                 . ($items[$i][0]{mask_format} ? ' packed' : '');
+        is_deeply($out[$i], [], "bench/e2e_check: a live $items[$i][2] "
+                  . "($what) passes") or diag(explain($out[$i]));
+    }
+    for my $i (0 .. $#bad) {
+        my $p = $out[@items + $i] // [];
+        ok(@$p == 1 && index($p->[0], $bad[$i][1]) >= 0,
+           "bench/e2e_check: a broken copy is caught ($bad[$i][1])")
+            or diag(explain($p));
+    }
 }
 
 # every request ended and left nothing behind
