@@ -7,7 +7,6 @@
  * ([DONE]) is kept, and only its first bytes.
  */
 
-#include <stdio.h>
 #include <string.h>
 
 #include "resp.h"
