@@ -31,7 +31,6 @@ msv_sse_in_event(const msv_sse_t *s)
 }
 
 
-
 /* SSE: an event is complete (a blank line after data lines). */
 
 static int
@@ -62,19 +61,21 @@ msv_sse_event(msv_resp_t *r)
     while (r->sse.data.n > 0 && r->sse.data.p[r->sse.data.n - 1] == '\r') {
         r->sse.data.n--;
     }
-    if (kind == 2 && r->sse.data.n == 6 && memcmp(r->sse.data.p, "[DONE]", 6) == 0) {
+    if (kind == 2 && r->sse.data.n == 6
+        && memcmp(r->sse.data.p, "[DONE]", 6) == 0)
+    {
         r->done_seen = 1;
         r->sse.data.n = 0;
         if (!r->final_seen) {
             msv_resp_fail(r, "data: [DONE] before an event with a "
-                     "finish_reason");
+                          "finish_reason");
             return -1;
         }
         return 0;
     }
 
     msv_resp_fail(r, "an event that is neither JSON nor [DONE]: \"%.*s\"",
-             (int) r->sse.data.n, r->sse.data.n ? r->sse.data.p : "");
+                  (int) r->sse.data.n, r->sse.data.n ? r->sse.data.p : "");
     return -1;
 }
 
