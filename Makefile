@@ -71,14 +71,15 @@ $(B)/maskserve-logits: $(B)/tools/maskserve-logits.o $(LIBS)
 
 tests: $(TESTS)
 
-# the response checker of the load client and of the tests, and its test
+# the response checker of the load client and of the tests (documents,
+# and whole responses with their SSE splitting), and its test
 CHECK_SRC := bench/e2e/array.c bench/e2e/check.c
 RESP_SRC  := $(CHECK_SRC) bench/e2e/resp.c bench/e2e/sse.c
 
-$(B)/t/test_e2e_check: t/c/test_e2e_check.c $(CHECK_SRC) $(CHECK_SRC:.c=.h) $(LIBS)
+$(B)/t/test_e2e_check: t/c/test_e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -It/c -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
-	    -o $@ $< $(CHECK_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
+	    -o $@ $< $(RESP_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
 # the same checker as a program, for the end-to-end tests (t/lib/MsvTest.pm)

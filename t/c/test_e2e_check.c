@@ -3,7 +3,9 @@
  * end-to-end tests (bench/e2e/check.c), on documents made here: valid
  * JSON and packed masks pass, and each kind of broken mask, JSON or
  * packed, or of broken logprobs, tokens or finish_reason in a whole
- * choice, is caught with a message saying what is wrong.  t/50-client.t runs the load
+ * choice, is caught with a message saying what is wrong; and whole
+ * responses (bench/e2e/resp.c, sse.c), streams fed a byte or a few at a
+ * time, with what spans their events checked.  t/50-client.t runs the load
  * client itself against a live stack.
  */
 
@@ -16,6 +18,7 @@
 #include "tap.h"
 #include "msv_b64.h"
 #include "check.h"
+#include "resp.h"
 
 
 /* Parse one document and check it; returns the checker's verdict. */
@@ -118,6 +121,45 @@ choice(const char *tokens, const char *mask, const char *mlps,
             mlps[0] ? ",\"sampling_mask_logprobs\":" : "", mlps,
             logprobs[0] ? ",\"logprobs\":" : "", logprobs, "", finish);
     return out;
+}
+
+
+/* A whole response through resp.c, fed `step` bytes at a time (0: all at
+ * once); returns its verdict. */
+
+static int
+check_resp(const char *body, int stream, size_t step, char *why,
+    size_t whylen)
+{
+    msv_resp_t  r;
+    size_t      n = strlen(body), off, k;
+    int         rc = 0;
+
+    memset(&r, 0, sizeof(r));
+    r.e.top_k = 10;
+    r.e.temperature = 1.0;
+    r.e.variant = MSV_MODE_SELECTED;
+    r.e.vocab = 16;
+    r.e.max_tokens = 2;
+    r.e.logprobs = -1;
+    r.e.whole = !stream;
+    r.stream = stream;
+    r.prompt_len = 3;
+    r.max_tokens = 2;
+    r.ignore_eos = 1;
+    msv_resp_reset(&r);
+
+    for (off = 0; off < n && rc == 0; off += k) {
+        k = step && n - off > step ? step : n - off;
+        rc = msv_resp_data(&r, body + off, k);
+    }
+    if (rc == 0 && msv_resp_end(&r) == 0) {
+        msv_resp_check(&r);
+    }
+    snprintf(why, whylen, "%s", r.bad);
+    rc = r.bad[0] ? -1 : 0;
+    msv_resp_free(&r);
+    return rc;
 }
 
 
@@ -354,6 +396,73 @@ main(void)
             }
             free(wc[k].doc);
         }
+    }
+
+    /* whole responses, streams split anywhere */
+    {
+#define EV1  "{\"choices\":[{\"index\":0,\"token_ids\":[9],"             \
+             "\"sampling_mask\":[[3,9]],\"sampling_mask_logprobs\":[-0.5],"  \
+             "\"finish_reason\":null}]}"
+#define EV2  "{\"choices\":[{\"index\":0,\"token_ids\":[5],"             \
+             "\"sampling_mask\":[[5]],\"sampling_mask_logprobs\":[0],"       \
+             "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":3," \
+             "\"completion_tokens\":2}}"
+
+        static const struct {
+            const char  *name;
+            const char  *body;
+            int          stream;
+            const char  *want;      /* NULL: valid */
+        } rc_[] = {
+            { "a stream", "data: " EV1 "\n\ndata: " EV2 "\n\ndata: [DONE]\n\n",
+              1, NULL },
+            { "a stream with CRLF lines and a comment",
+              ": hi\r\n\r\ndata: " EV1 "\r\n\r\ndata: " EV2
+              "\r\n\r\ndata: [DONE]\r\n\r\n", 1, NULL },
+            { "a body", "{\"choices\":[{\"index\":0,\"token_ids\":[9,5],"
+              "\"sampling_mask\":[[3,9],[5]],\"sampling_mask_logprobs\":"
+              "[-0.5,0],\"finish_reason\":\"length\"}],\"usage\":"
+              "{\"prompt_tokens\":3,\"completion_tokens\":2}}", 0, NULL },
+            { "a stream without [DONE]",
+              "data: " EV1 "\n\ndata: " EV2 "\n\n", 1,
+              "did not end with data: [DONE]" },
+            { "a stream ending inside an event",
+              "data: " EV1 "\n\ndata: " EV2 "\n\ndata: [DONE]", 1,
+              "ended inside an event" },
+            { "an event after the last",
+              "data: " EV2 "\n\ndata: " EV1 "\n\ndata: [DONE]\n\n", 1,
+              "an event after the one with the finish_reason" },
+            { "an event after [DONE]",
+              "data: " EV1 "\n\ndata: " EV2 "\n\ndata: [DONE]\n\ndata: "
+              EV1 "\n\n", 1, "an event after data: [DONE]" },
+            { "a stream short of max_tokens with ignore_eos",
+              "data: " EV2 "\n\ndata: [DONE]\n\n", 1,
+              "usage.completion_tokens 2, tokens received 1" },
+        };
+        size_t  steps[] = { 0, 1, 7 }, si;
+        char    how[48];
+
+        for (k = 0; k < sizeof(rc_) / sizeof(rc_[0]); k++) {
+            for (si = 0; si < sizeof(steps) / sizeof(steps[0]); si++) {
+                rc = check_resp(rc_[k].body, rc_[k].stream, steps[si], why,
+                                sizeof(why));
+                if (steps[si] == 0) {
+                    snprintf(how, sizeof(how), "in one read");
+                } else {
+                    snprintf(how, sizeof(how), "%zu bytes a read", steps[si]);
+                }
+                if (rc_[k].want == NULL) {
+                    tap_ok(rc == 0, "%s, %s, passes%s%s", rc_[k].name, how,
+                           rc ? ": " : "", rc ? why : "");
+                } else {
+                    tap_ok(rc != 0 && strstr(why, rc_[k].want) != NULL,
+                           "%s, %s, is caught (\"%s\")", rc_[k].name, how,
+                           why);
+                }
+            }
+        }
+#undef EV1
+#undef EV2
     }
 
     return tap_done();
