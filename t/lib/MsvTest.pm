@@ -4,7 +4,8 @@ package MsvTest;
 # weights, CPU backend), real redis-server and the stock nginx with the
 # built module, on free loopback ports and fresh shared-memory names; talks
 # HTTP to nginx; checks every response against the sampling-mask
-# invariants (with bench/e2e_check, the load client's checker); and stops everything it started, whatever happens.
+# invariants (with bench/e2e_check, the load client's checker); and
+# stops everything it started, whatever happens.
 #
 #   my $t = MsvTest->new;
 #   my $w = $t->start_worker;            # waits for "ready"
@@ -582,7 +583,7 @@ sub choices_problems {
         my ($req, $c) = @$it;
         # one choice of several is checked as the only one
         $c = { %$c, index => 0 } if ref $c eq 'HASH';
-        print $fh $json->encode($req), "\n", $json->encode($c // undef), "\n";
+        print $fh $json->encode($req), "\n", $json->encode($c), "\n";
     }
     close $fh or die "MsvTest: $file: $!";
     my @cmd = ("$BUILD/bench/e2e_check", '--choice',
