@@ -18,6 +18,7 @@
 #include "ngx_http_maskserve_generate.h"
 #include "ngx_http_maskserve_admin.h"
 #include "ngx_http_maskserve_redis.h"
+#include "ngx_http_maskserve_fleet.h"
 
 
 static ngx_int_t ngx_http_maskserve_add_variables(ngx_conf_t *cf);
@@ -32,6 +33,8 @@ static void ngx_http_maskserve_exit_process(ngx_cycle_t *cycle);
 static char *ngx_http_maskserve_conf_worker(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_maskserve_conf_handler_set(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_maskserve_conf_fleet_handler(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_maskserve_conf_max_support(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
@@ -177,13 +180,41 @@ static ngx_command_t  ngx_http_maskserve_commands[] = {
       offsetof(ngx_http_maskserve_main_conf_t, redis.hostname),
       NULL },
 
+    { ngx_string("maskserve_fleet_address"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_http_maskserve_main_conf_t, redis.address),
+      NULL },
+
+    { ngx_string("maskserve_fleet"),
+      NGX_HTTP_UPS_CONF|NGX_CONF_ANY,
+      ngx_http_maskserve_fleet_conf,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("maskserve_fleet_owner"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_maskserve_loc_conf_t, fleet_owner),
+      NULL },
+
+    { ngx_string("maskserve_fleet_health"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_maskserve_conf_fleet_handler,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      (void *) ngx_http_maskserve_fleet_health_handler },
+
       ngx_null_command
 };
 
 
 static ngx_http_module_t  ngx_http_maskserve_module_ctx = {
     ngx_http_maskserve_add_variables,      /* preconfiguration */
-    NULL,                                  /* postconfiguration */
+    ngx_http_maskserve_fleet_postconf,     /* postconfiguration */
 
     ngx_http_maskserve_create_main_conf,   /* create main configuration */
     ngx_http_maskserve_init_main_conf,     /* init main configuration */
@@ -310,6 +341,10 @@ ngx_http_maskserve_init_main_conf(ngx_conf_t *cf, void *conf)
         return NGX_CONF_ERROR;
     }
 
+    if (ngx_http_maskserve_fleet_check(cf, mcf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
     if (mcf->used && mcf->regions.nelts == 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "maskserve handlers are configured but no "
@@ -343,6 +378,7 @@ ngx_http_maskserve_create_loc_conf(ngx_conf_t *cf)
     lcf->flush = NGX_CONF_UNSET_UINT;
     lcf->flush_interval = NGX_CONF_UNSET_MSEC;
     lcf->output_limit = NGX_CONF_UNSET_SIZE;
+    lcf->fleet_owner = NGX_CONF_UNSET;
 
     return lcf;
 }
@@ -375,6 +411,8 @@ ngx_http_maskserve_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                            MSV_MAX_N);
         return NGX_CONF_ERROR;
     }
+
+    ngx_conf_merge_value(conf->fleet_owner, prev->fleet_owner, 0);
 
     if (conf->output_limit < 4096) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -472,6 +510,25 @@ ngx_http_maskserve_conf_handler_set(ngx_conf_t *cf, ngx_command_t *cmd,
 
     mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_maskserve_module);
     mcf->used = 1;
+
+    return NGX_CONF_OK;
+}
+
+
+/* a front's handler: unlike the others it needs no worker region */
+static char *
+ngx_http_maskserve_conf_fleet_handler(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler != NULL) {
+        return "is duplicate: the location already has a content handler";
+    }
+
+    clcf->handler = (ngx_http_handler_pt) cmd->post;
 
     return NGX_CONF_OK;
 }
@@ -643,6 +700,10 @@ ngx_http_maskserve_init_process(ngx_cycle_t *cycle)
                                          ngx_http_maskserve_abort_local_id);
     }
 
+    if (ngx_http_maskserve_fleet_init_process(cycle, mcf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     return ngx_http_maskserve_attach_init_process(cycle, mcf);
 }
 
@@ -658,6 +719,7 @@ ngx_http_maskserve_exit_process(ngx_cycle_t *cycle)
     }
 
     ngx_http_maskserve_attach_exit_process(cycle, mcf);
+    ngx_http_maskserve_fleet_exit_process(cycle);
 
     if (mcf->redis_on) {
         ngx_http_maskserve_redis_exit_process(cycle);

@@ -90,6 +90,7 @@ typedef struct {
     ngx_flag_t                     redis_on;
     ngx_flag_t                     used;     /* a handler is configured */
     ngx_msec_t                     stall_timeout; /* no heartbeat: lost */
+    void                          *fleet;    /* a front: maskserve_fleet */
 
     /* per process */
     ngx_event_t                    tick;     /* heartbeat and registry */
@@ -108,6 +109,7 @@ typedef struct {
     ngx_uint_t                     flush;
     ngx_msec_t                     flush_interval;
     size_t                         output_limit;
+    ngx_flag_t                     fleet_owner;   /* front: pin to owner */
 } ngx_http_maskserve_loc_conf_t;
 
 
@@ -189,6 +191,7 @@ struct ngx_http_maskserve_ctx_s {
     ngx_event_t                    timer;         /* flush and watchdog */
     ngx_queue_t                    queue;         /* in region->dirty */
     void                          *redis_get;     /* pending lookup */
+    void                          *fleet;         /* front: owner lookup */
 
     unsigned                       stream:1;
     unsigned                       packed:1;      /* mask_format "packed" */

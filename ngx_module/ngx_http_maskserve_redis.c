@@ -164,6 +164,7 @@ msv_redis_ctx_free(msv_redis_ctx_t *ctx)
     ngx_free(ctx->password.data);
     ngx_free(ctx->prefix.data);
     ngx_free(ctx->hostname.data);
+    ngx_free(ctx->address.data);
     ngx_free(ctx->channel.data);
     ngx_free(ctx->workers.data);
     ngx_free(ctx->buckets);
@@ -319,6 +320,8 @@ msv_redis_conf(msv_redis_ctx_t *ctx, ngx_http_maskserve_redis_conf_t *rcf,
                             cycle->log) == NULL
         || msv_redis_strdup(&ctx->hostname, hostname.data, hostname.len,
                             cycle->log) == NULL
+        || msv_redis_strdup(&ctx->address, rcf->address.data,
+                            rcf->address.len, cycle->log) == NULL
         || msv_redis_strdup(&ctx->channel, NULL, prefix.len + 6,
                             cycle->log) == NULL
         || msv_redis_strdup(&ctx->workers, NULL, prefix.len + 8,

@@ -31,6 +31,7 @@ typedef struct {
     ngx_str_t    prefix;     /* key prefix, "msv" when empty */
     ngx_msec_t   req_ttl;    /* request key lifetime; 0: never expire */
     ngx_str_t    hostname;   /* this host in keys; gethostname() if empty */
+    ngx_str_t    address;    /* HTTP address fronts reach this host at */
 } ngx_http_maskserve_redis_conf_t;
 
 

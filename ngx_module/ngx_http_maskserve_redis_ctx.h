@@ -103,6 +103,7 @@ typedef struct {
     ngx_int_t                         db;
     ngx_str_t                         prefix;
     ngx_str_t                         hostname;
+    ngx_str_t                         address;   /* "addr" in the registry */
     ngx_msec_t                        req_ttl;
     ngx_str_t                         channel;   /* <prefix>:abort */
     ngx_str_t                         workers;   /* <prefix>:workers */

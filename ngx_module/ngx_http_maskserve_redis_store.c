@@ -485,6 +485,12 @@ msv_redis_worker_send(msv_redis_ctx_t *ctx, msv_redis_worker_t *w)
     msv_redis_arg_cstr(&cmd, "heartbeat");
     msv_redis_arg_uint(&cmd, w->heartbeat);
 
+    /* where a front (maskserve_fleet) proxies this host's requests */
+    if (ctx->address.len) {
+        msv_redis_arg_cstr(&cmd, "addr");
+        msv_redis_arg(&cmd, ctx->address.data, ctx->address.len);
+    }
+
     if (msv_redis_link_send(&ctx->cmd, msv_redis_worker_cb, w, &cmd)
         != NGX_OK)
     {

@@ -1,0 +1,428 @@
+#!/usr/bin/perl
+# The front role on loopback: one Redis, two "GPU hosts" (each an nginx
+# with the module and a CPU worker, registering itself in Redis with its
+# address) and a front nginx that has no worker and routes through the
+# maskserve_fleet upstream.
+#
+#   - the front's /health lists both hosts, their address and state;
+#   - requests spread by load: with one host busy, new requests go to the
+#     other; concurrent requests use both;
+#   - affinity (a request header): one group always lands on one host,
+#     and different groups use both hosts;
+#   - request status and abort by id through the front reach the host
+#     that runs the request; an unknown id is a 404 naming request_id;
+#   - a host killed mid-load: its streams end with an explicit error (a
+#     truncated chunked body, not a clean end) within seconds, the other
+#     host's streams finish, new requests go to the other host, the dead
+#     host is shown failing then stale, and nothing hangs.
+
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use HTTP::Tiny;
+use JSON::PP;
+use POSIX qw(:sys_wait_h);
+use Test::More;
+use Time::HiRes qw(sleep time);
+use MsvTest;
+
+my $PREFIX = 't60';
+my $true = JSON::PP::true;
+my $json = JSON::PP->new->canonical;
+
+# ---------------------------------------------------------------- setup
+
+my $ha = MsvTest->new;
+my $rport = $ha->start_redis;
+my $hb = MsvTest->new(redis_port => $rport);
+
+my %host;    # address -> name
+for my $h ([$ha, 'gpu-a'], [$hb, 'gpu-b']) {
+    my ($t, $name) = @$h;
+    $t->{port} = MsvTest::free_port();
+    $t->start_worker(name => "t60-$$-$name", slots => 32, max_model_len => 4096);
+    $host{"127.0.0.1:$t->{port}"} = $name;
+    $t->start_nginx(processes => 1, http =>
+          "    maskserve_redis_prefix $PREFIX;\n"
+        . "    maskserve_hostname $name;\n"
+        . "    maskserve_fleet_address 127.0.0.1:$t->{port};\n");
+}
+
+my $f = MsvTest->new(redis_port => $rport);
+$f->{port} = MsvTest::free_port();
+{
+    my $d = $f->dir;
+    my $user = $> == 0 ? "user root;\n" : '';
+    open my $fh, '>', "$d/nginx.conf" or die;
+    print $fh <<"EOF";
+load_module $f->{so};
+$user
+worker_processes 2;
+error_log $d/error.log info;
+pid $d/nginx.pid;
+
+events {
+    worker_connections 2048;
+}
+
+http {
+    access_log $d/access.log;
+    client_body_temp_path $d/body;
+    proxy_temp_path $d/proxy;
+    fastcgi_temp_path $d/fastcgi;
+    uwsgi_temp_path $d/uwsgi;
+    scgi_temp_path $d/scgi;
+
+    maskserve_redis 127.0.0.1:$rport;
+    maskserve_redis_prefix $PREFIX;
+
+    upstream gpu_hosts {
+        maskserve_fleet affinity=\$http_x_maskserve_affinity stale=2s
+                        fail_timeout=30s;
+        keepalive 16;
+    }
+
+    server {
+        listen 127.0.0.1:$f->{port};
+        include $MsvTest::ROOT/docs/nginx-errors.conf;
+
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_buffering off;
+        proxy_read_timeout 60s;
+        add_header X-Maskserve-Upstream \$upstream_addr always;
+
+        location = /inference/v1/generate {
+            proxy_pass http://gpu_hosts;
+        }
+
+        location = /inference/v1/abort {
+            maskserve_fleet_owner on;
+            proxy_pass http://gpu_hosts;
+        }
+
+        location /inference/v1/requests/ {
+            maskserve_fleet_owner on;
+            proxy_pass http://gpu_hosts;
+        }
+
+        location = /health {
+            maskserve_fleet_health;
+        }
+    }
+}
+EOF
+    close $fh;
+    $f->{nginx_pid} = $f->_spawn("$d/nginx.out", $MsvTest::NGINX, '-p', "$d/",
+                                 '-c', "$d/nginx.conf", '-g', 'daemon off;');
+}
+
+sub fhealth {
+    my $r = $f->get('/health');
+    return $r->{json} ? { %{ $r->{json} }, _status => $r->{status} } : undef;
+}
+
+sub hstate {
+    my ($hl, $name) = @_;
+    my ($h) = grep { $_->{host} eq $name } @{ $hl->{hosts} // [] };
+    return $h ? $h->{state} : '';
+}
+
+ok(MsvTest::wait_for(sub {
+    my $hl = fhealth() or return 0;
+    return hstate($hl, 'gpu-a') eq 'up' && hstate($hl, 'gpu-b') eq 'up';
+}, 20), 'front: both hosts up') or diag($f->error_log(30), MsvTest::_tail($f->dir . "/nginx.out"));
+
+my $hl = fhealth();
+is($hl->{_status}, 200, 'front /health 200');
+is($hl->{role}, 'front', 'role front');
+is($hl->{redis}, 'up', 'front sees Redis');
+is($hl->{status}, 'ok', 'status ok');
+for my $h (@{ $hl->{hosts} }) {
+    is($host{$h->{address}}, $h->{host}, "host $h->{host} at $h->{address}");
+    is($h->{ready_regions}, 1, "$h->{host}: one ready region");
+    is($h->{capacity}, 32, "$h->{host}: capacity 32");
+}
+is($f->post('/health', {})->{status}, 405, 'front /health: POST is 405');
+
+my $vocab = $ha->health->{workers}[0]{vocab_size} or diag(JSON::PP->new->encode($ha->health));
+
+# ---------------------------------------------------------------- helpers
+
+my $http = HTTP::Tiny->new(timeout => 60, keep_alive => 0);
+
+sub req {
+    my ($id, $max) = @_;
+    return { request_id => $id, token_ids => [map { ($_ * 31) % $vocab } 1 .. 6],
+             return_sampling_mask => $true,
+             sampling_params => { max_tokens => $max, ignore_eos => $true,
+                                  top_k => 8, seed => 7 } };
+}
+
+# the host that answered, from the front's X-Maskserve-Upstream (every
+# try's address: the last one answered)
+sub upstream_host {
+    my ($r) = @_;
+    my @up = split /, /, $r->{headers}{'x-maskserve-upstream'} // '';
+    return @up ? $host{$up[-1]} // $up[-1] : '';
+}
+
+# one request to $t (the front or a host); returns status, the host that
+# served it (front only), the parsed body, or for streams the events
+sub call {
+    my ($t, $req, %o) = @_;
+    my ($raw, $done, @ev) = ('', 0);
+    my $r = $http->request('POST', $t->url('/inference/v1/generate'), {
+        headers => { 'Content-Type' => 'application/json',
+                     %{ $o{headers} // {} } },
+        content => $json->encode({ %$req, stream => $o{stream} ? $true
+                                                 : JSON::PP::false }),
+        $o{stream} ? (data_callback => sub {
+            $raw .= $_[0];
+            while ($raw =~ s/^data: (.*?)\n\n//s) {
+                if ($1 eq '[DONE]') { $done++; next }
+                push @ev, eval { $json->decode($1) };
+                $o{on_event}->() if $o{on_event};
+            }
+        }) : (),
+    });
+    my $up = upstream_host($r);
+    return { status => $r->{status}, host => $up,
+             json => (!$o{stream} && $r->{status} < 599
+                      ? eval { $json->decode($r->{content}) } : undef),
+             events => \@ev, done => $done,
+             content => $o{stream} ? '' : $r->{content} // '' };
+}
+
+# call() in a child process; bg_wait returns its result (or undef)
+my $seq = 0;
+sub bg {
+    my ($t, $req, %o) = @_;
+    my $file = $f->dir . "/bg-" . ++$seq;
+    my $pid = fork() // die;
+    if ($pid == 0) {
+        my $first = 0;
+        my $r = call($t, $req, %o, on_event => sub {
+            return if $first++;
+            open my $fh, '>', "$file.first"; close $fh;
+        });
+        $r->{t_end} = time;
+        open my $fh, '>', "$file.tmp"; print $fh $json->encode($r); close $fh;
+        rename "$file.tmp", $file;
+        POSIX::_exit(0);
+    }
+    return { pid => $pid, file => $file };
+}
+
+sub bg_started { my $h = shift; MsvTest::wait_for(sub { -e "$h->{file}.first" }, 20) }
+
+sub bg_wait {
+    my ($h, $timeout) = @_;
+    my $ok = MsvTest::wait_for(sub { waitpid($h->{pid}, WNOHANG) == $h->{pid} },
+                               $timeout, 0.02);
+    if (!$ok) { kill 'KILL', $h->{pid}; waitpid($h->{pid}, 0); return undef }
+    open my $fh, '<', $h->{file} or return undef;
+    local $/;
+    return $json->decode(<$fh>);
+}
+
+sub abort_on {
+    my ($t, $id) = @_;
+    return $t->post('/inference/v1/abort', { request_id => $id });
+}
+
+# ---------------------------------------------------------------- routing
+
+{
+    my $r = call($f, req('f-one', 4));
+    is($r->{status}, 200, 'generate through the front');
+    like($r->{host}, qr/^gpu-[ab]$/, "served by $r->{host}");
+    my @p = MsvTest::choice_problems(req('f-one', 4), $r->{json}{choices}[0], $vocab);
+    is_deeply(\@p, [], 'the answer passes the mask checks');
+    is($r->{json}{request_id}, 'f-one', 'request id kept');
+
+    my $s = call($f, req('f-stream', 5), stream => 1);
+    is($s->{status}, 200, 'stream through the front');
+    ok($s->{done}, 'the stream ends with [DONE]');
+    my $m = MsvTest::merge_events($s->{events});
+    ok($m && @{ $m->{choices}[0]{token_ids} } == 5, 'five tokens streamed');
+}
+
+# by load: host A busy with 8 long streams (sent to it directly); once
+# the registry shows it, every new request goes to B
+{
+    my @busy = map { bg($ha, req("busy-$_", 4000), stream => 1) } 1 .. 8;
+    bg_started($_) for @busy;
+    ok(MsvTest::wait_for(sub {
+        my ($h) = grep { $_->{host} eq 'gpu-a' } @{ fhealth()->{hosts} };
+        return $h && $h->{load} >= 8;
+    }, 5), 'the front sees the load of host A');
+    sleep 0.6;    # every front process has read it (refresh is 250 ms)
+
+    my @hosts = map { call($f, req("by-load-$_", 3))->{host} } 1 .. 6;
+    is_deeply(\@hosts, [('gpu-b') x 6], 'with A loaded, requests go to B')
+        or diag(explain([fhealth(), fhealth()]));
+
+    is(abort_on($ha, "busy-$_")->{status}, 200, "busy-$_ aborted") for 1 .. 8;
+    bg_wait($_, 20) for @busy;
+    ok(MsvTest::wait_for(sub {
+        !grep { $_->{load} > 0 } @{ fhealth()->{hosts} } }, 5), 'load back to 0');
+
+    # concurrent requests: the front's own in-flight count spreads them
+    my @h = map { bg($f, req("spread-$_", 60), stream => 1) } 1 .. 12;
+    my %n;
+    for (@h) { my $r = bg_wait($_, 60); $n{$r ? $r->{host} : 'none'}++ }
+    ok(($n{'gpu-a'} // 0) >= 3 && ($n{'gpu-b'} // 0) >= 3,
+       "12 concurrent streams spread over both hosts (a=" . ($n{'gpu-a'} // 0)
+       . " b=" . ($n{'gpu-b'} // 0) . ")");
+}
+
+# affinity: a group's requests land on one host; groups use both
+my %key_of;    # host -> an affinity key that lands there
+{
+    for my $g (1 .. 16) {
+        my %seen;
+        for my $i (1 .. 3) {
+            my $r = call($f, req("aff-$g-$i", 2),
+                         headers => { 'X-Maskserve-Affinity' => "group-$g" });
+            $seen{$r->{status} == 200 ? $r->{host} : "status $r->{status}"}++;
+        }
+        my @hs = keys %seen;
+        is(scalar @hs, 1, "group-$g: 3 requests on one host (@hs)");
+        $key_of{$hs[0]} //= "group-$g";
+    }
+    ok($key_of{'gpu-a'} && $key_of{'gpu-b'}, 'the groups use both hosts');
+}
+
+# status and abort by id through the front reach the owner
+{
+    my $h = bg($f, req('own-1', 4000), stream => 1,
+               headers => { 'X-Maskserve-Affinity' => $key_of{'gpu-b'} });
+    ok(bg_started($h), 'a long stream on B');
+    my $st = $f->get('/inference/v1/requests/own-1');
+    is($st->{status}, 200, 'status through the front');
+    is(upstream_host($st), 'gpu-b', 'answered by the host that runs it');
+    is($st->{json}{record}{host}, 'gpu-b', 'the record names it');
+    like($st->{json}{record}{state}, qr/^(admitted|running)$/, 'running');
+    my $ab = abort_on($f, 'own-1');
+    is($ab->{status}, 200, 'abort through the front');
+    is(upstream_host($ab), 'gpu-b', 'sent to the host that runs it');
+    ok($ab->{json}{aborted}, 'aborted: true');
+    my $r = bg_wait($h, 20);
+    ok($r && $r->{done}, 'the stream ended cleanly');
+    my $m = $r && MsvTest::merge_events($r->{events});
+    is($m && $m->{choices}[0]{finish_reason}, 'abort', 'finish_reason abort');
+
+    my $nf = abort_on($f, 'no-such-id');
+    is($nf->{status}, 404, 'abort of an unknown id: 404');
+    is($nf->{json}{error}{param}, 'request_id', '... naming request_id');
+    is($f->get('/inference/v1/requests/no-such-id')->{status}, 404,
+       'status of an unknown id: 404');
+    my $bad = abort_on($f, '');
+    is($bad->{status}, 400, 'abort without an id: 400');
+    is($bad->{json}{error}{param}, 'request_id', '... naming request_id');
+    is($f->post('/inference/v1/abort', '{not json')->{status}, 400,
+       'abort with a bad body: 400');
+    is($f->get('/inference/v1/requests/bad%20id')->{status}, 400,
+       'status with an invalid id: 400');
+}
+
+# a host killed mid-load
+{
+    my @on_a = map { bg($f, req("kill-a-$_", 4000), stream => 1,
+                        headers => { 'X-Maskserve-Affinity' => $key_of{'gpu-a'} }) } 1 .. 3;
+    my @on_b = map { bg($f, req("kill-b-$_", 400), stream => 1,
+                        headers => { 'X-Maskserve-Affinity' => $key_of{'gpu-b'} }) } 1 .. 3;
+    bg_started($_) for @on_a, @on_b;
+
+    # the host dies: its nginx and its worker, without a word
+    my @pids = ($ha->nginx_workers, $ha->{nginx_pid});
+    kill 'KILL', @pids;
+    waitpid($ha->{nginx_pid}, 0);
+    $ha->{nginx_pid} = 0;
+    $ha->stop_worker($_, 'KILL') for values %{ $ha->{workers} };
+    my $t_kill = time;
+
+    for my $h (@on_a) {
+        my $r = bg_wait($h, 15);
+        ok($r, 'a stream on the dead host ends (no hang)');
+        next unless $r;
+        ok(!$r->{done}, '... without [DONE]');
+        ok($r->{status} == 599 || !$r->{done}, "... with an error (status $r->{status})");
+        cmp_ok($r->{t_end} - $t_kill, '<', 5, '... within 5 s');
+    }
+    for my $h (@on_b) {
+        my $r = bg_wait($h, 60);
+        ok($r && $r->{done} && $r->{host} eq 'gpu-b', 'a stream on the live host finishes');
+    }
+
+    # new requests: to B, the group of A included (the first try on A is
+    # refused and retried on B by nginx; then A is skipped)
+    my @hosts = map {
+        my $r = call($f, req("after-$_", 3),
+                     headers => { 'X-Maskserve-Affinity' => $key_of{'gpu-a'} });
+        $r->{status} == 200 ? $r->{host} : "status $r->{status}";
+    } 1 .. 6;
+    is_deeply(\@hosts, [('gpu-b') x 6], 'new requests go to the live host');
+
+    ok(MsvTest::wait_for(sub { hstate(fhealth(), 'gpu-a') =~ /^(failing|stale)$/ }, 5),
+       'the dead host is shown failing or stale');
+    ok(MsvTest::wait_for(sub { hstate(fhealth(), 'gpu-a') eq 'stale' }, 6),
+       'then stale once its heartbeat stopped');
+    my $h = fhealth();
+    is($h->{status}, 'degraded', 'front status degraded');
+    is($h->{_status}, 200, 'still 200 with one host live');
+    like($f->error_log, qr/maskserve fleet: host "gpu-a" \(127\.0\.0\.1:\d+\) failed, skipped/,
+         'the failure is logged');
+
+    # with no host left, the front answers a JSON 502 at once
+    my @bp = ($hb->nginx_workers, $hb->{nginx_pid});
+    kill 'KILL', @bp;
+    waitpid($hb->{nginx_pid}, 0);
+    $hb->{nginx_pid} = 0;
+    my $t0 = time;
+    my $r = call($f, req('none-left', 3));
+    is($r->{status}, 502, 'no host left: 502');
+    like($r->{content}, qr/"code":502/, '... with the JSON error body');
+    cmp_ok(time - $t0, '<', 3, '... at once');
+}
+
+# configuration errors, checked by nginx -t
+sub conf_error {
+    my ($http) = @_;
+    my $d = $f->dir;
+    open my $fh, '>', "$d/bad.conf" or die;
+    print $fh "load_module $f->{so};\nerror_log $d/bad.log;\npid $d/bad.pid;\n"
+            . "events {}\nhttp {\n$http\n}\n";
+    close $fh;
+    my $out = `$MsvTest::NGINX -t -p $d/ -c $d/bad.conf 2>&1`;
+    return $? == 0 ? '' : $out;
+}
+{
+    my $up = "upstream u {\n maskserve_fleet;\n}\n";
+    my $redis = "maskserve_redis 127.0.0.1:$rport;\n";
+    is(conf_error("$redis$up"), '', 'a valid front configuration');
+    like(conf_error($up), qr/"maskserve_fleet" reads the GPU hosts from Redis/,
+         'maskserve_fleet without maskserve_redis');
+    like(conf_error("$redis upstream u {\n maskserve_fleet;\n server 127.0.0.1:1;\n}\n"),
+         qr/must have no "server"/, 'a server in the fleet upstream');
+    like(conf_error("$redis upstream u {\n server 127.0.0.1:1;\n maskserve_fleet;\n}\n"),
+         qr/must come first in its upstream block/, 'maskserve_fleet after a server');
+    like(conf_error("$redis upstream u {\n maskserve_fleet stale=1s;\n}\n"),
+         qr/stale= must be at least 1500ms/, 'stale= too short');
+    like(conf_error("$redis upstream u {\n maskserve_fleet weight=2;\n}\n"),
+         qr/invalid maskserve_fleet parameter "weight=2"/, 'an unknown parameter');
+    like(conf_error("$redis upstream u {\n maskserve_fleet fail_timeout=x;\n}\n"),
+         qr/invalid maskserve_fleet parameter "fail_timeout=x"/, 'a bad time');
+    like(conf_error("$redis$up upstream v {\n maskserve_fleet;\n}\n"),
+         qr/one maskserve_fleet upstream per configuration/, 'two fleet upstreams');
+    like(conf_error("${redis}maskserve_fleet_address gpu-node-1:8000;\n"),
+         qr/invalid maskserve_fleet_address "gpu-node-1:8000"/, 'a host name as address');
+    like(conf_error("${redis}maskserve_fleet_address 10.0.0.1;\n"),
+         qr/invalid maskserve_fleet_address "10.0.0.1"/, 'an address without port');
+    like(conf_error("maskserve_fleet_address 10.0.0.1:80;\n"),
+         qr/"maskserve_redis" must be set/, 'an address without Redis');
+}
+
+done_testing();
