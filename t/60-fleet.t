@@ -14,7 +14,11 @@
 #   - a host killed mid-load: its streams end with an explicit error (a
 #     truncated chunked body, not a clean end) within seconds, the other
 #     host's streams finish, new requests go to the other host, the dead
-#     host is shown failing then stale, and nothing hangs.
+#     host is shown failing then stale, and nothing hangs;
+#   - configuration errors (nginx -t).
+#
+# With MSV_FLEET_NETNS=1 (t/61-fleet-netns.t) each host runs in its own
+# network namespace instead.
 
 use strict;
 use warnings;
@@ -33,20 +37,78 @@ my $json = JSON::PP->new->canonical;
 
 # ---------------------------------------------------------------- setup
 
-my $ha = MsvTest->new;
-my $rport = $ha->start_redis;
-my $hb = MsvTest->new(redis_port => $rport);
+# MSV_FLEET_NETNS=1 (t/61-fleet-netns.t): each GPU host runs in its own
+# network namespace, reached over a veth pair, instead of on loopback.
+my $NETNS = $ENV{MSV_FLEET_NETNS};
+my $K = 100 + $$ % 100;    # 10.$K.<host>.0/24
+my @ns;
+
+# a host harness whose processes run in its namespace, at its address
+package NsHost {
+    our @ISA = ('MsvTest');
+    sub _spawn {
+        my ($self, $log, @cmd) = @_;
+        @cmd = ('ip', 'netns', 'exec', $self->{netns}, @cmd) if $self->{netns};
+        return $self->SUPER::_spawn($log, @cmd);
+    }
+    sub nginx_conf {
+        my ($self, @o) = @_;
+        my $c = $self->SUPER::nginx_conf(@o);
+        if ($self->{netns}) {
+            $c =~ s/listen 127\.0\.0\.1:/listen $self->{addr}:/;
+            $c =~ s/maskserve_redis 127\.0\.0\.1:/maskserve_redis $self->{gw}:/;
+        }
+        return $c;
+    }
+    sub url { "http://" . ($_[0]{addr} // '127.0.0.1') . ":$_[0]{port}$_[1]" }
+}
+
+sub sh { system(@_) == 0 or die "t60: @_ failed\n" }
+
+sub netns_up {
+    my ($i) = @_;
+    my ($n, $vr, $vh) = map { sprintf "%s%d%s%d", $_->[0], $$, $_->[1], $i }
+                        ['msv', 'h'], ['mv', 'a'], ['mv', 'b'];
+    push @ns, [$n, $vr];
+    sh('ip', 'netns', 'add', $n);
+    sh('ip', 'link', 'add', $vr, 'type', 'veth', 'peer', 'name', $vh);
+    sh('ip', 'link', 'set', $vh, 'netns', $n);
+    sh('ip', 'addr', 'add', "10.$K.$i.1/24", 'dev', $vr);
+    sh('ip', 'link', 'set', $vr, 'up');
+    sh('ip', 'netns', 'exec', $n, 'ip', 'addr', 'add', "10.$K.$i.2/24", 'dev', $vh);
+    sh('ip', 'netns', 'exec', $n, 'ip', 'link', 'set', $vh, 'up');
+    sh('ip', 'netns', 'exec', $n, 'ip', 'link', 'set', 'lo', 'up');
+    return (netns => $n, addr => "10.$K.$i.2", gw => "10.$K.$i.1");
+}
+
+END {
+    for (@ns) {
+        system('ip', 'link', 'del', $_->[1]);
+        system('ip', 'netns', 'del', $_->[0]);
+    }
+}
+
+my %nsa = $NETNS ? netns_up(1) : ();
+my %nsb = $NETNS ? netns_up(2) : ();
+
+my $rd = MsvTest->new;    # Redis, beside the front
+my $rport = $rd->start_redis(args => $NETNS
+    ? ['--bind', '127.0.0.1', $nsa{gw}, $nsb{gw}, '--protected-mode', 'no']
+    : []);
+my $ha = NsHost->new(redis_port => $rport, %nsa);
+my $hb = NsHost->new(redis_port => $rport, %nsb);
 
 my %host;    # address -> name
 for my $h ([$ha, 'gpu-a'], [$hb, 'gpu-b']) {
     my ($t, $name) = @$h;
+    my $addr = $t->{addr} // '127.0.0.1';
     $t->{port} = MsvTest::free_port();
     $t->start_worker(name => "t60-$$-$name", slots => 32, max_model_len => 4096);
-    $host{"127.0.0.1:$t->{port}"} = $name;
+    $host{"$addr:$t->{port}"} = $name;
     $t->start_nginx(processes => 1, http =>
           "    maskserve_redis_prefix $PREFIX;\n"
         . "    maskserve_hostname $name;\n"
-        . "    maskserve_fleet_address 127.0.0.1:$t->{port};\n");
+        . "    maskserve_fleet_address $addr:$t->{port};\n");
 }
 
 my $f = MsvTest->new(redis_port => $rport);
@@ -132,7 +194,12 @@ sub hstate {
 ok(MsvTest::wait_for(sub {
     my $hl = fhealth() or return 0;
     return hstate($hl, 'gpu-a') eq 'up' && hstate($hl, 'gpu-b') eq 'up';
-}, 20), 'front: both hosts up') or diag($f->error_log(30), MsvTest::_tail($f->dir . "/nginx.out"));
+}, 20), 'front: both hosts up') or do {
+    diag($f->error_log(30), MsvTest::_tail($f->dir . "/nginx.out"),
+         MsvTest::_tail($ha->dir . "/error.log", 10));
+    done_testing();
+    exit 1;    # the rest would only wait on what is not there
+};
 
 my $hl = fhealth();
 is($hl->{_status}, 200, 'front /health 200');
@@ -373,7 +440,7 @@ my %key_of;    # host -> an affinity key that lands there
     my $h = fhealth();
     is($h->{status}, 'degraded', 'front status degraded');
     is($h->{_status}, 200, 'still 200 with one host live');
-    like($f->error_log, qr/maskserve fleet: host "gpu-a" \(127\.0\.0\.1:\d+\) failed, skipped/,
+    like($f->error_log, qr/maskserve fleet: host "gpu-a" \([\d.]+:\d+\) failed, skipped/,
          'the failure is logged');
 
     # with no host left, the front answers a JSON 502 at once
