@@ -140,6 +140,12 @@ static void ngx_http_maskserve_fleet_owner_cleanup(void *data);
 static void ngx_http_maskserve_fleet_fail(ngx_http_request_t *r,
     ngx_uint_t status, const char *param, u_char *msg, size_t len);
 static u_char *ngx_http_maskserve_fleet_json_str(u_char *p, ngx_str_t *s);
+static u_char *ngx_http_maskserve_fleet_json_escape(u_char *p, ngx_str_t *s);
+static ngx_int_t ngx_http_maskserve_fleet_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+
+
+static ngx_http_output_body_filter_pt  ngx_http_maskserve_fleet_next_body;
 
 
 static const char  *ngx_http_maskserve_host_states[] = {
@@ -366,6 +372,9 @@ ngx_http_maskserve_fleet_postconf(ngx_conf_t *cf)
     }
 
     *h = ngx_http_maskserve_fleet_owner_handler;
+
+    ngx_http_maskserve_fleet_next_body = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_maskserve_fleet_body_filter;
 
     return NGX_OK;
 }
@@ -1168,6 +1177,108 @@ ngx_http_maskserve_fleet_fail(ngx_http_request_t *r, ngx_uint_t status,
 
 
 /* ------------------------------------------------------------------ */
+/* A stream whose host went away                                        */
+
+/*
+ * When the connection to a host fails after the response started (the
+ * host died, or proxy_read_timeout passed), nginx's upstream closes it
+ * and sends a flush, not the last buffer, before closing the client's
+ * connection without the chunked encoding's end.  For a stream of the
+ * fleet upstream, this filter puts the API's error event and [DONE]
+ * before that flush, as a host does when its worker dies, so that the
+ * client reads why before the connection ends.
+ */
+static ngx_int_t
+ngx_http_maskserve_fleet_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    u_char                          *p;
+    size_t                           len;
+    ngx_buf_t                       *b;
+    ngx_chain_t                     *cl, *out;
+    ngx_uint_t                       flush;
+    ngx_str_t                       *peer;
+    ngx_http_upstream_t             *u;
+    ngx_http_maskserve_main_conf_t  *mcf;
+
+    static ngx_str_t  sse = ngx_string("text/event-stream");
+    static ngx_str_t  none = ngx_null_string;
+
+    u = r->upstream;
+
+    if (in == NULL || u == NULL || r != r->main || u->upstream == NULL
+        || u->peer.connection != NULL || !u->header_sent)
+    {
+        return ngx_http_maskserve_fleet_next_body(r, in);
+    }
+
+    mcf = ngx_http_get_module_main_conf(r, ngx_http_maskserve_module);
+
+    if (mcf->fleet == NULL || u->upstream->peer.data != mcf->fleet
+        || r->headers_out.content_type.len < sse.len
+        || ngx_strncasecmp(r->headers_out.content_type.data, sse.data,
+                           sse.len) != 0)
+    {
+        return ngx_http_maskserve_fleet_next_body(r, in);
+    }
+
+    flush = 0;
+
+    for (cl = in; cl; cl = cl->next) {
+        if (cl->buf->last_buf || cl->buf->last_in_chain) {
+            return ngx_http_maskserve_fleet_next_body(r, in);
+        }
+
+        flush |= cl->buf->flush;
+    }
+
+    if (!flush) {
+        return ngx_http_maskserve_fleet_next_body(r, in);
+    }
+
+    peer = (u->state && u->state->peer) ? u->state->peer : NULL;
+
+    len = sizeof("data: {\"error\":{\"message\":\"the GPU host  serving "
+                 "this request went away mid-stream (connection lost or "
+                 "timed out)\",\"type\":\"server_error\",\"param\":null,"
+                 "\"code\":502}}\n\ndata: [DONE]\n\n")
+          + (peer ? 6 * peer->len : 0);
+
+    b = ngx_create_temp_buf(r->pool, len);
+    cl = ngx_alloc_chain_link(r->pool);
+    if (b == NULL || cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_cpymem(b->last, "data: {\"error\":{\"message\":\"the GPU host ",
+                   sizeof("data: {\"error\":{\"message\":\"the GPU host ") - 1);
+
+    if (peer) {
+        p = ngx_http_maskserve_fleet_json_escape(p, peer);
+        *p++ = ' ';
+    }
+
+    p = ngx_cpymem(p, "serving this request went away mid-stream (connection "
+                   "lost or timed out)\",\"type\":\"server_error\","
+                   "\"param\":null,\"code\":502}}\n\ndata: [DONE]\n\n",
+                   sizeof("serving this request went away mid-stream "
+                          "(connection lost or timed out)\",\"type\":"
+                          "\"server_error\",\"param\":null,\"code\":502}}"
+                          "\n\ndata: [DONE]\n\n") - 1);
+    b->last = p;
+
+    ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                  "maskserve fleet: the host%s%V went away mid-stream, "
+                  "error event sent", peer ? " " : "", peer ? peer : &none);
+
+    cl->buf = b;
+    cl->next = in;
+    out = cl;
+
+    return ngx_http_maskserve_fleet_next_body(r, out);
+}
+
+
+/* ------------------------------------------------------------------ */
 /* /health of a front                                                   */
 
 ngx_int_t
@@ -1264,13 +1375,23 @@ ngx_http_maskserve_fleet_health_handler(ngx_http_request_t *r)
 }
 
 
-/* s as a JSON string; control bytes, quotes, backslashes escaped */
+/* s as a JSON string */
 static u_char *
 ngx_http_maskserve_fleet_json_str(u_char *p, ngx_str_t *s)
 {
-    size_t  i;
-
     *p++ = '"';
+    p = ngx_http_maskserve_fleet_json_escape(p, s);
+    *p++ = '"';
+
+    return p;
+}
+
+
+/* the inside of a JSON string: control bytes, quotes, backslashes escaped */
+static u_char *
+ngx_http_maskserve_fleet_json_escape(u_char *p, ngx_str_t *s)
+{
+    size_t  i;
 
     for (i = 0; i < s->len; i++) {
         if (s->data[i] < 0x20 || s->data[i] == 0x7f || s->data[i] >= 0x80) {
@@ -1284,8 +1405,6 @@ ngx_http_maskserve_fleet_json_str(u_char *p, ngx_str_t *s)
             *p++ = s->data[i];
         }
     }
-
-    *p++ = '"';
 
     return p;
 }

@@ -11,8 +11,9 @@
 #     and different groups use both hosts;
 #   - request status and abort by id through the front reach the host
 #     that runs the request; an unknown id is a 404 naming request_id;
-#   - a host killed mid-load: its streams end with an explicit error (a
-#     truncated chunked body, not a clean end) within seconds, the other
+#   - a host killed mid-load: its streams end with an explicit error (an
+#     error event naming the host, then a truncated chunked body, not a
+#     clean end) within seconds, the other
 #     host's streams finish, new requests go to the other host, the dead
 #     host is shown failing then stale, and nothing hangs;
 #   - configuration errors (nginx -t).
@@ -415,8 +416,13 @@ my %key_of;    # host -> an affinity key that lands there
         my $r = bg_wait($h, 15);
         ok($r, 'a stream on the dead host ends (no hang)');
         next unless $r;
-        ok(!$r->{done}, '... without [DONE]');
-        ok($r->{status} == 599 || !$r->{done}, "... with an error (status $r->{status})");
+        my $last = $r->{events}[-1] // {};
+        is($last->{error}{code}, 502, '... with an error event, code 502');
+        like($last->{error}{message} // '',
+             qr/^the GPU host [\d.]+:\d+ serving this request went away mid-stream/,
+             '... naming the host');
+        ok(@{ $r->{events} } > 1, '... after the events it had streamed');
+        is($r->{status}, 599, '... and a truncated chunked body (no clean end)');
         cmp_ok($r->{t_end} - $t_kill, '<', 5, '... within 5 s');
     }
     for my $h (@on_b) {
@@ -442,6 +448,8 @@ my %key_of;    # host -> an affinity key that lands there
     is($h->{_status}, 200, 'still 200 with one host live');
     like($f->error_log, qr/maskserve fleet: host "gpu-a" \([\d.]+:\d+\) failed, skipped/,
          'the failure is logged');
+    like($f->error_log, qr/maskserve fleet: the host [\d.]+:\d+ went away mid-stream/,
+         'the streams cut off are logged');
 
     # with no host left, the front answers a JSON 502 at once
     my @bp = ($hb->nginx_workers, $hb->{nginx_pid});
