@@ -19,8 +19,8 @@
  *   - with an affinity key, the live host with free capacity that ranks
  *     first for the key (rendezvous hashing) takes it, so a group stays
  *     on one host while the set of hosts does not change;
- *   - otherwise the live host with the lowest (load + in flight from this
- *     process) / capacity, hosts with free capacity first.
+ *   - otherwise the live host with the lowest estimated load / capacity
+ *     (ngx_http_maskserve_fleet_est), hosts with free capacity first.
  *
  * maskserve_fleet_owner locations (abort, request status) look the
  * request id up in Redis first and pin the balancer to the host that
@@ -71,6 +71,7 @@ typedef struct {
 
     /* this process */
     ngx_uint_t                 inflight;
+    ngx_uint_t                 inflight_at_beat; /* when load was read */
     ngx_uint_t                 requests;
     ngx_uint_t                 fails;        /* failed tries in a row */
     ngx_msec_t                 skip_until;
@@ -125,6 +126,8 @@ static ngx_int_t ngx_http_maskserve_fleet_pick(
 static ngx_http_maskserve_host_state_e ngx_http_maskserve_fleet_state(
     ngx_http_maskserve_fleet_host_t *h);
 static ngx_int_t ngx_http_maskserve_fleet_find(ngx_str_t *name);
+static ngx_uint_t ngx_http_maskserve_fleet_est(
+    ngx_http_maskserve_fleet_host_t *h);
 
 static void ngx_http_maskserve_fleet_tick(ngx_event_t *ev);
 static void ngx_http_maskserve_fleet_scanned(void *data, ngx_int_t rc,
@@ -555,6 +558,9 @@ ngx_http_maskserve_fleet_scanned(void *data, ngx_int_t rc,
             continue;
         }
 
+        /* a new sample of its load: it includes what we had sent by now */
+        h->inflight_at_beat = h->inflight;
+
         if (was[i] || prev[i] != 0) {
             h->beat_at = now;
 
@@ -645,6 +651,20 @@ ngx_http_maskserve_fleet_find(ngx_str_t *name)
 }
 
 
+/*
+ * A host's load as this process estimates it: the registry's last sample
+ * plus the requests this process sent there since (those sent before are
+ * in the sample already; those that ended since are not subtracted, so
+ * the estimate errs high, towards spreading).
+ */
+static ngx_uint_t
+ngx_http_maskserve_fleet_est(ngx_http_maskserve_fleet_host_t *h)
+{
+    return h->load + (h->inflight > h->inflight_at_beat
+                      ? h->inflight - h->inflight_at_beat : 0);
+}
+
+
 static ngx_http_maskserve_host_state_e
 ngx_http_maskserve_fleet_state(ngx_http_maskserve_fleet_host_t *h)
 {
@@ -675,7 +695,7 @@ ngx_http_maskserve_fleet_state(ngx_http_maskserve_fleet_host_t *h)
         return NGX_HTTP_MASKSERVE_HOST_FAILING;
     }
 
-    if (h->load + h->inflight >= h->capacity) {
+    if (ngx_http_maskserve_fleet_est(h) >= h->capacity) {
         return NGX_HTTP_MASKSERVE_HOST_FULL;
     }
 
@@ -920,7 +940,7 @@ ngx_http_maskserve_fleet_pick(ngx_http_maskserve_fleet_peer_t *fp)
         }
 
         /* least loaded: est/capacity, compared without division */
-        est = h->load + h->inflight;
+        est = ngx_http_maskserve_fleet_est(h);
 
         if (best >= 0 && full == best_full) {
             b = &ngx_http_maskserve_fleet_hosts[best];
