@@ -11,6 +11,8 @@
 #     and different groups use both hosts;
 #   - request status and abort by id through the front reach the host
 #     that runs the request; an unknown id is a 404 naming request_id;
+#   - Redis frozen: generation through the front goes on, both hosts stay
+#     up, requests by id get a 503 quickly;
 #   - a host killed mid-load: its streams end with an explicit error (an
 #     error event naming the host, then a truncated chunked body, not a
 #     clean end) within seconds, the other
@@ -394,6 +396,30 @@ my %key_of;    # host -> an affinity key that lands there
        'abort with a bad body: 400');
     is($f->get('/inference/v1/requests/bad%20id')->{status}, 400,
        'status with an invalid id: 400');
+}
+
+# Redis frozen: the front keeps routing on the table it read last, and
+# requests by id, which need Redis, get a 503 at once or within the 2 s
+# reply timeout
+{
+    kill 'STOP', $rd->{redis_pid};
+    ok(MsvTest::wait_for(sub { (fhealth() // {})->{redis} eq 'down' }, 6),
+       'front: Redis down');
+    my @st = map { call($f, req("no-redis-$_", 3))->{status} } 1 .. 4;
+    is_deeply(\@st, [200, 200, 200, 200], 'generation goes on through the front');
+    my $hl = fhealth();
+    is(hstate($hl, 'gpu-a') . ' ' . hstate($hl, 'gpu-b'), 'up up',
+       'both hosts still up (no staleness while Redis is away)');
+    is($hl->{status}, 'degraded', 'status degraded');
+    my $t0 = time;
+    my $ab = abort_on($f, 'f-one');
+    is($ab->{status}, 503, 'abort by id without Redis: 503');
+    like($ab->{json}{error}{message} // '', qr/Redis/, '... saying why');
+    cmp_ok(time - $t0, '<', 3, '... without waiting long');
+    kill 'CONT', $rd->{redis_pid};
+    ok(MsvTest::wait_for(sub { (fhealth() // {})->{redis} eq 'up'
+                               && (fhealth() // {})->{redis} eq 'up' }, 10),
+       'front: Redis back');
 }
 
 # a host killed mid-load
