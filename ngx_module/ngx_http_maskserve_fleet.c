@@ -82,13 +82,24 @@ typedef struct {
 } ngx_http_maskserve_fleet_host_t;
 
 
-/* a front request about one request id: its lookup and owner */
+/*
+ * A front request held by the precontent handler: until this process has
+ * read the registry once, and for requests about one request id, during
+ * the lookup of its owner.
+ */
 typedef struct {
     ngx_http_request_t        *r;
-    ngx_int_t                  status;       /* of the precontent handler */
+    ngx_int_t                  status;       /* of the owner lookup */
     void                      *handle;       /* pending Redis lookup */
     ngx_str_t                  owner;        /* host name; empty: none */
+    ngx_msec_t                 wait_start;   /* for the first registry read */
+    unsigned                   looking:1;    /* owner lookup started */
 } ngx_http_maskserve_fleet_req_t;
+
+
+/* how long a request waits for its process's first registry read */
+#define NGX_HTTP_MASKSERVE_FLEET_FIRST_WAIT  2000
+#define NGX_HTTP_MASKSERVE_FLEET_WAIT_STEP   10
 
 
 /* one proxied request's tries */
@@ -136,6 +147,7 @@ static ngx_http_maskserve_fleet_host_t *ngx_http_maskserve_fleet_host(
     u_char *name, size_t len);
 
 static ngx_int_t ngx_http_maskserve_fleet_owner_handler(ngx_http_request_t *r);
+static void ngx_http_maskserve_fleet_wait_handler(ngx_http_request_t *r);
 static void ngx_http_maskserve_fleet_owner_body(ngx_http_request_t *r);
 static void ngx_http_maskserve_fleet_owner_found(void *data, ngx_int_t rc,
     ngx_http_maskserve_redis_record_t *rec);
@@ -962,45 +974,90 @@ ngx_http_maskserve_fleet_pick(ngx_http_maskserve_fleet_peer_t *fp)
 /* ------------------------------------------------------------------ */
 /* Requests about one request id: pinned to its host                   */
 
+/*
+ * The precontent handler of a front.  A worker process that has not read
+ * the registry yet (just started, or after a reload) holds requests until
+ * it has, up to NGX_HTTP_MASKSERVE_FLEET_FIRST_WAIT, rather than answer
+ * "no live GPU host"; the wait is a timer on the connection's write
+ * event, as ngx_http_limit_req_module delays.  Then, in
+ * maskserve_fleet_owner locations, it reads the body and looks the
+ * request's owner up (ngx_http_maskserve_fleet_owner_body).
+ */
 static ngx_int_t
 ngx_http_maskserve_fleet_owner_handler(ngx_http_request_t *r)
 {
     ngx_int_t                        rc;
+    ngx_uint_t                       wait;
     ngx_pool_cleanup_t              *cln;
     ngx_http_maskserve_ctx_t        *ctx;
+    ngx_http_core_loc_conf_t        *clcf;
     ngx_http_maskserve_fleet_req_t  *fr;
     ngx_http_maskserve_loc_conf_t   *lcf;
+    ngx_http_maskserve_main_conf_t  *mcf;
 
-    lcf = ngx_http_get_module_loc_conf(r, ngx_http_maskserve_module);
+    mcf = ngx_http_get_module_main_conf(r, ngx_http_maskserve_module);
 
-    if (!lcf->fleet_owner || r != r->main) {
+    if (mcf->fleet == NULL || r != r->main) {
         return NGX_DECLINED;
     }
 
-    ctx = ngx_http_get_module_ctx(r, ngx_http_maskserve_module);
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_maskserve_module);
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
 
-    if (ctx != NULL && ctx->fleet != NULL) {
-        fr = ctx->fleet;
+    /* health answers at once: it says what the process knows */
+    wait = ngx_http_maskserve_fleet_scans == 0
+           && ngx_http_maskserve_fleet_fcf != NULL
+           && clcf->handler != ngx_http_maskserve_fleet_health_handler;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_maskserve_module);
+    fr = ctx ? ctx->fleet : NULL;
+
+    if (fr == NULL) {
+        if (!wait && !lcf->fleet_owner) {
+            return NGX_DECLINED;
+        }
+
+        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_maskserve_ctx_t));
+        fr = ngx_pcalloc(r->pool, sizeof(ngx_http_maskserve_fleet_req_t));
+        cln = ngx_pool_cleanup_add(r->pool, 0);
+
+        if (ctx == NULL || fr == NULL || cln == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        ctx->fleet = fr;
+        ctx->logprobs = -1;
+        fr->r = r;
+        fr->status = NGX_DECLINED;
+        fr->wait_start = ngx_current_msec;
+
+        cln->handler = ngx_http_maskserve_fleet_owner_cleanup;
+        cln->data = fr;
+
+        ngx_http_set_ctx(r, ctx, ngx_http_maskserve_module);
+    }
+
+    if (wait && ngx_current_msec - fr->wait_start
+                < NGX_HTTP_MASKSERVE_FLEET_FIRST_WAIT)
+    {
+        r->read_event_handler = ngx_http_test_reading;
+        r->write_event_handler = ngx_http_maskserve_fleet_wait_handler;
+        r->connection->write->delayed = 1;
+        ngx_add_timer(r->connection->write,
+                      NGX_HTTP_MASKSERVE_FLEET_WAIT_STEP);
+        return NGX_AGAIN;
+    }
+
+    if (!lcf->fleet_owner) {
+        return NGX_DECLINED;
+    }
+
+    if (fr->looking) {
         return fr->status;
     }
 
-    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_maskserve_ctx_t));
-    fr = ngx_pcalloc(r->pool, sizeof(ngx_http_maskserve_fleet_req_t));
-    cln = ngx_pool_cleanup_add(r->pool, 0);
-
-    if (ctx == NULL || fr == NULL || cln == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    ctx->fleet = fr;
-    ctx->logprobs = -1;
-    fr->r = r;
+    fr->looking = 1;
     fr->status = NGX_DONE;
-
-    cln->handler = ngx_http_maskserve_fleet_owner_cleanup;
-    cln->data = fr;
-
-    ngx_http_set_ctx(r, ctx, ngx_http_maskserve_module);
 
     /* as ngx_http_mirror_module: the body is read here and kept for proxy */
     rc = ngx_http_read_client_request_body(r,
@@ -1012,6 +1069,33 @@ ngx_http_maskserve_fleet_owner_handler(ngx_http_request_t *r)
     ngx_http_finalize_request(r, NGX_DONE);
 
     return NGX_DONE;
+}
+
+
+static void
+ngx_http_maskserve_fleet_wait_handler(ngx_http_request_t *r)
+{
+    ngx_event_t  *wev;
+
+    wev = r->connection->write;
+
+    if (wev->delayed && !wev->timedout) {
+        /* a write event before the timer: keep waiting */
+        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        }
+
+        return;
+    }
+
+    wev->delayed = 0;
+    wev->timedout = 0;
+
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_core_run_phases;
+
+    /* back in the handler: waits another step, or goes on */
+    ngx_http_core_run_phases(r);
 }
 
 

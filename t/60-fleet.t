@@ -11,6 +11,9 @@
 #     and different groups use both hosts;
 #   - request status and abort by id through the front reach the host
 #     that runs the request; an unknown id is a 404 naming request_id;
+#   - the front reloaded: a stream across the reload finishes, the new
+#     processes (which hold requests until their first registry read)
+#     route;
 #   - Redis frozen: generation through the front goes on, both hosts stay
 #     up, requests by id get a 503 quickly;
 #   - a host killed mid-load: its streams end with an explicit error (an
@@ -205,7 +208,8 @@ ok(MsvTest::wait_for(sub {
 };
 
 my $hl = fhealth();
-is($hl->{_status}, 200, 'front /health 200');
+is($hl->{_status}, 200, 'front /health 200')
+    or diag(explain($hl), $f->error_log(40));
 is($hl->{role}, 'front', 'role front');
 is($hl->{redis}, 'up', 'front sees Redis');
 is($hl->{status}, 'ok', 'status ok');
@@ -420,6 +424,26 @@ my %key_of;    # host -> an affinity key that lands there
     ok(MsvTest::wait_for(sub { (fhealth() // {})->{redis} eq 'up'
                                && (fhealth() // {})->{redis} eq 'up' }, 10),
        'front: Redis back');
+}
+
+# the front reloaded: new worker processes read the registry afresh, the
+# old ones exit with their scans and streams
+{
+    my @old = $f->nginx_workers;
+    my $h = bg($f, req('reload-1', 200), stream => 1);
+    bg_started($h);
+    kill 'HUP', $f->{nginx_pid};
+    ok(MsvTest::wait_for(sub {
+        my %o = map { $_ => 1 } @old;
+        my @now = $f->nginx_workers;
+        return @now == 2 && !grep { $o{$_} } @now;
+    }, 20), 'front reloaded: old worker processes gone');
+    my $r = bg_wait($h, 30);
+    ok($r && $r->{done}, 'a stream across the reload finished');
+    ok(MsvTest::wait_for(sub { (fhealth() // {})->{hosts_up} == 2 }, 10),
+       'the new processes see both hosts');
+    is(call($f, req('after-reload', 3))->{status}, 200, 'and route');
+    unlike($f->error_log, qr/\[alert\]|\[crit\]|exited on signal/, 'no alert or crash');
 }
 
 # a host killed mid-load
