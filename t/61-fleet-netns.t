@@ -10,10 +10,16 @@ use warnings;
 use FindBin;
 use Test::More;
 
+# the probe does what the test does: a namespace and a veth pair into it
+my $n = "msvprobe$$";
+my $v = "mvp$$";
 my $why = $> != 0 ? 'network namespaces need root'
-        : system('ip netns add msvprobe' . $$ . ' 2>/dev/null') != 0
-          ? '"ip netns add" is not permitted here' : '';
-system("ip netns del msvprobe$$ 2>/dev/null") unless $why;
+        : system("ip netns add $n 2>/dev/null") != 0
+          ? '"ip netns add" is not permitted here'
+        : system("ip link add $v type veth peer name ${v}b netns $n 2>/dev/null") != 0
+          ? 'veth pairs cannot be made here' : '';
+system("ip link del $v 2>/dev/null");
+system("ip netns del $n 2>/dev/null");
 plan skip_all => $why if $why;
 
 $ENV{MSV_FLEET_NETNS} = 1;
