@@ -582,7 +582,7 @@ ngx_http_maskserve_health_region(u_char *p, ngx_http_maskserve_region_t *rg)
                     "\"max_logprobs\":%uD,\"slots\":%uD,\"slots_in_use\":%uD,"
                     "\"slots_running\":%uD,\"running\":%uD,\"waiting\":%uD,"
                     "\"steps\":%uL,\"tokens\":%uL,\"requests_done\":%uL,"
-                    "\"local_requests\":%ui}",
+                    "\"local_requests\":%ui,",
                     c->vocab_size, c->max_model_len, c->max_logprobs,
                     c->n_slots, c->n_slots - census[MSV_SLOT_FREE],
                     census[MSV_SLOT_RUNNING],
@@ -593,6 +593,16 @@ ngx_http_maskserve_health_region(u_char *p, ngx_http_maskserve_region_t *rg)
                     atomic_load_explicit(&c->requests_done,
                                          memory_order_relaxed),
                     rg->inflight);
+
+    state = atomic_load_explicit(&c->paused, memory_order_relaxed);
+    p = ngx_sprintf(p, "\"paused\":%s,\"pause_state\":\"%s\","
+                    "\"weight_version\":\"",
+                    state != MSV_RUNNING ? "true" : "false",
+                    state == MSV_PAUSED ? "paused"
+                    : state == MSV_PAUSING ? "pausing" : "running");
+    len = ngx_strnlen((u_char *) c->weight_version, MSV_VERSION_MAX);
+    p = (u_char *) ngx_escape_json(p, (u_char *) c->weight_version, len);
+    p = ngx_cpymem(p, "\"}", 2);
 
     return p;
 }

@@ -17,6 +17,7 @@
 #include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_generate.h"
 #include "ngx_http_maskserve_admin.h"
+#include "ngx_http_maskserve_control.h"
 #include "ngx_http_maskserve_redis.h"
 #include "ngx_http_maskserve_fleet.h"
 
@@ -95,6 +96,48 @@ static ngx_command_t  ngx_http_maskserve_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       (void *) ngx_http_maskserve_health_handler },
+
+    { ngx_string("maskserve_pause"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_maskserve_conf_handler_set,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      (void *) ngx_http_maskserve_pause_handler },
+
+    { ngx_string("maskserve_resume"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_maskserve_conf_handler_set,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      (void *) ngx_http_maskserve_resume_handler },
+
+    { ngx_string("maskserve_abort_requests"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_maskserve_conf_handler_set,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      (void *) ngx_http_maskserve_abort_requests_handler },
+
+    { ngx_string("maskserve_flush_cache"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_maskserve_conf_handler_set,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      (void *) ngx_http_maskserve_flush_cache_handler },
+
+    { ngx_string("maskserve_models"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_maskserve_conf_handler_set,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      (void *) ngx_http_maskserve_models_handler },
+
+    { ngx_string("maskserve_metrics"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_maskserve_conf_handler_set,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      (void *) ngx_http_maskserve_metrics_handler },
 
     { ngx_string("maskserve_max_prompt_tokens"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,

@@ -629,6 +629,14 @@ ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
         ch->reported = 1;
         p = (u_char *) ngx_cpystrn(p, (u_char *) finish[ch->finish], 16);
 
+        if (ch->finish == MSV_FINISH_ABORT
+            && ch->abort_reason == MSV_ABORT_PAUSED)
+        {
+            /* ended by POST /inference/v1/pause (mode abort), not
+             * cancelled */
+            p = ngx_cpymem(p, ",\"abort_reason\":\"paused\"", 24);
+        }
+
     } else {
         p = ngx_cpymem(p, "null", 4);
     }

@@ -155,10 +155,13 @@ ngx_http_maskserve_route_row(void *ud, uint64_t seq, const struct msv_row *w)
 
     if (ch->finish == MSV_FINISH_ABORT) {
 
-        if (ch->abort_reason != MSV_ABORT_CANCELLED) {
+        if (ch->abort_reason != MSV_ABORT_CANCELLED
+            && ch->abort_reason != MSV_ABORT_PAUSED)
+        {
             /*
              * The worker stopped it for its own reasons (shutdown, no
              * KV, a fault): the request fails as a whole, and says why.
+             * A pause (mode abort) ends it as a cancel does.
              */
             ctx->finish = MSV_FINISH_ABORT;
             ctx->abort_reason = ch->abort_reason;
@@ -295,7 +298,7 @@ ngx_http_maskserve_route_pick_n(ngx_http_maskserve_main_conf_t *mcf,
     ngx_http_maskserve_loc_conf_t *lcf, ngx_uint_t want,
     ngx_http_maskserve_err_t *err)
 {
-    ngx_uint_t                    i, n, used, best_used, attached;
+    ngx_uint_t                    i, n, used, best_used, attached, paused;
     ngx_http_maskserve_region_t  *rg, *best;
 
     n = ngx_http_maskserve_loc_nregions(mcf, lcf);
@@ -303,6 +306,7 @@ ngx_http_maskserve_route_pick_n(ngx_http_maskserve_main_conf_t *mcf,
     best = NULL;
     best_used = 0;
     attached = 0;
+    paused = 0;
 
     for (i = 0; i < n; i++) {
         rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
@@ -314,6 +318,19 @@ ngx_http_maskserve_route_pick_n(ngx_http_maskserve_main_conf_t *mcf,
         attached++;
 
         if (ngx_http_maskserve_attach_ready(rg) != NGX_OK) {
+            continue;
+        }
+
+        /*
+         * P-state: acquire, pairs with the worker's release store of
+         * paused (worker/control.c): paused or pausing, it takes nothing
+         * new (docs/API.md, pause).
+         */
+        if (atomic_load_explicit(&rg->att.rg.ctrl->paused,
+                                 memory_order_acquire)
+            != MSV_RUNNING)
+        {
+            paused++;
             continue;
         }
 
@@ -335,7 +352,13 @@ ngx_http_maskserve_route_pick_n(ngx_http_maskserve_main_conf_t *mcf,
         return best;
     }
 
-    if (attached == 0) {
+    if (paused > 0) {
+        ngx_http_maskserve_error(err, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                 NGX_HTTP_MASKSERVE_OVERLOAD, NULL,
+                                 "generation is paused (POST "
+                                 "/inference/v1/resume); retry later");
+
+    } else if (attached == 0) {
         ngx_http_maskserve_error(err, NGX_HTTP_SERVICE_UNAVAILABLE,
                                  NGX_HTTP_MASKSERVE_OVERLOAD, NULL,
                                  "no maskserve worker is attached; "

@@ -254,7 +254,8 @@ ngx_http_maskserve_stream_finish(ngx_http_maskserve_ctx_t *ctx)
     }
 
     if (ctx->err.status == 0 && ctx->finish == MSV_FINISH_ABORT
-        && ctx->abort_reason != MSV_ABORT_CANCELLED)
+        && ctx->abort_reason != MSV_ABORT_CANCELLED
+        && ctx->abort_reason != MSV_ABORT_PAUSED)
     {
         ngx_http_maskserve_stream_abort_error(ctx);
     }

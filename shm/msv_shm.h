@@ -46,7 +46,7 @@ extern "C" {
 
 
 #define MSV_MAGIC            0x31474b534d56534dULL   /* "MSVMSKG1" */
-#define MSV_LAYOUT_VERSION   2
+#define MSV_LAYOUT_VERSION   3
 #define MSV_CACHELINE        64
 
 #define MSV_MAX_EOS          8       /* eos ids the model declares */
@@ -72,6 +72,9 @@ extern "C" {
 #define MSV_NAME_MAX         64      /* region name, without the NUL */
 #define MSV_SOCK_PATH_MAX    108     /* sizeof sun_path */
 
+#define MSV_VERSION_MAX      64      /* weight version, without the NUL */
+#define MSV_CMD_MSG_MAX      128     /* a command's message, with the NUL */
+
 #define MSV_REC_ALIGN        16      /* records start on 16-byte bounds */
 #define MSV_ROW_ALIGN        8       /* rows inside a record, 8 bytes */
 
@@ -84,6 +87,68 @@ enum msv_worker_state {
     MSV_WORKER_READY    = 1,  /* accepting submissions */
     MSV_WORKER_DRAINING = 2,  /* SIGTERM: no new admissions */
     MSV_WORKER_STOPPED  = 3   /* exited cleanly; region about to go */
+};
+
+/*
+ * The control channel: a mailbox in the control page through which a
+ * reader asks the worker to act on the whole worker (pause, resume, flush
+ * the prefix cache).  One command at a time:
+ *
+ *   FREE -> CLAIMED (reader, CAS with its pid) -> POSTED (reader, release,
+ *   after op and arg) -> TAKEN (worker, CAS) -> DONE (worker, release,
+ *   after the result) -> FREE (reader, after it read the result).
+ *
+ * A reader that finds the mailbox anything but FREE answers "busy" (HTTP
+ * 409).  The worker acts between two steps; a command may stay TAKEN over
+ * many steps (pause with mode "wait" is DONE once the last request in
+ * flight ended).  A reader that stops waiting sets abandon; the worker
+ * then frees the mailbox itself when it is done.  The worker also frees a
+ * mailbox whose owner pid is gone.
+ */
+enum msv_cmd_state {
+    MSV_CMD_FREE    = 0,
+    MSV_CMD_CLAIMED = 1,
+    MSV_CMD_POSTED  = 2,
+    MSV_CMD_TAKEN   = 3,
+    MSV_CMD_DONE    = 4
+};
+
+enum msv_cmd_op {
+    MSV_OP_NONE        = 0,
+    MSV_OP_PAUSE       = 1,   /* arg: enum msv_pause_mode */
+    MSV_OP_RESUME      = 2,
+    MSV_OP_FLUSH_CACHE = 3
+};
+
+enum msv_pause_mode {
+    MSV_PAUSE_ABORT = 0,      /* end requests in flight (reason "paused") */
+    MSV_PAUSE_WAIT  = 1,      /* admit nothing; paused once they finished */
+    MSV_PAUSE_KEEP  = 2       /* freeze them; they go on after resume */
+};
+
+enum msv_pause_state {
+    MSV_RUNNING = 0,
+    MSV_PAUSING = 1,          /* mode wait: requests in flight finishing */
+    MSV_PAUSED  = 2
+};
+
+struct msv_cmd {
+    alignas(MSV_CACHELINE)
+    MSV_ATOMIC(uint64_t) state;     /* (pid << 8) | msv_cmd_state */
+    MSV_ATOMIC(uint32_t) abandon;   /* the reader stopped waiting */
+    uint32_t  op;                   /* enum msv_cmd_op */
+    uint32_t  arg;
+    uint32_t  _pad0;
+    uint64_t  seq;                  /* bumps on every claim */
+
+    /* written by the worker before DONE */
+    int32_t   status;               /* 0, or a negative errno */
+    uint32_t  count;                /* requests aborted, pages dropped */
+    uint32_t  was_paused;           /* enum msv_pause_state before */
+    uint32_t  _pad1;
+    uint64_t  t_taken_ns;
+    uint64_t  t_done_ns;
+    char      msg[MSV_CMD_MSG_MAX];
 };
 
 struct msv_ctrl {
@@ -151,6 +216,22 @@ struct msv_ctrl {
     MSV_ATOMIC(uint32_t) preempted;           /* RUNNING slots without
                                                  pages right now */
     uint32_t  _pad4;
+
+    /* counters and state for /metrics and /health (since layout
+     * version 3) */
+    MSV_ATOMIC(uint64_t) prompt_tokens;       /* prompts admitted, summed */
+    MSV_ATOMIC(uint64_t) finished[4];         /* by enum msv_finish */
+    MSV_ATOMIC(uint64_t) aborted[8];          /* by enum msv_abort */
+    MSV_ATOMIC(uint64_t) cache_flushes;
+    MSV_ATOMIC(uint32_t) paused;              /* enum msv_pause_state */
+    MSV_ATOMIC(uint32_t) pause_mode;          /* enum msv_pause_mode */
+    uint32_t  kv_page_tokens;                 /* tokens per KV page */
+    uint32_t  _pad6;
+    char      weight_version[MSV_VERSION_MAX + 1];
+    char      _pad5[7];
+
+    /* the control channel: one command at a time (see struct msv_cmd) */
+    struct msv_cmd        cmd;
 
     /* the producer's cursor, alone on its cache line */
     alignas(MSV_CACHELINE)
@@ -226,7 +307,8 @@ enum msv_abort {
     MSV_ABORT_SHUTDOWN  = 2,  /* worker stopping (SIGTERM) */
     MSV_ABORT_INVALID   = 3,  /* slot contents failed validation */
     MSV_ABORT_NO_KV     = 4,  /* request can never fit the KV cache */
-    MSV_ABORT_INTERNAL  = 5   /* backend error */
+    MSV_ABORT_INTERNAL  = 5,  /* backend error */
+    MSV_ABORT_PAUSED    = 6   /* pause with mode "abort" (version 3) */
 };
 
 struct msv_params {

@@ -73,7 +73,7 @@ static const char *cli_finish[] = { "null", "\"stop\"", "\"length\"",
                                     "\"abort\"" };
 static const char *cli_abort[] = { "null", "\"cancelled\"", "\"shutdown\"",
                                    "\"invalid\"", "\"no_kv\"",
-                                   "\"internal\"" };
+                                   "\"internal\"", "\"paused\"" };
 
 
 static int
@@ -303,7 +303,7 @@ cli_print_row(struct cli_req *r, uint64_t seq, const struct msv_row *w)
            "\"token\":%d,\"finish\":%s,\"abort_reason\":%s,\"mode\":%u,"
            "\"logprob\":%.9g", r->id, w->slot, (unsigned long long) seq,
            w->pos, w->token, cli_finish[w->finish & 3],
-           cli_abort[w->abort_reason <= 5 ? w->abort_reason : 5], w->mode,
+           cli_abort[w->abort_reason <= 6 ? w->abort_reason : 5], w->mode,
            (double) w->logprob);
 
     if (w->n_support) {
@@ -393,7 +393,7 @@ cli_on_row(void *ud, uint64_t seq, const struct msv_row *w)
                    "\"abort_reason\":%s}\n", r->id,
                    (unsigned long long) sl->seed_used, r->next_pos,
                    cli_finish[w->finish & 3],
-                   cli_abort[w->abort_reason <= 5 ? w->abort_reason : 5]);
+                   cli_abort[w->abort_reason <= 6 ? w->abort_reason : 5]);
         }
         msv_slot_release(k->a.rg.ctrl, w->slot, w->cookie);
         k->by_slot[w->slot] = NULL;
@@ -442,7 +442,8 @@ cli_stats(const char *name)
            "\"kv\":{\"tokens\":%llu,\"free\":%llu,\"cached\":%llu,"
            "\"evictions\":%llu,\"preemptions\":%llu,\"preempted\":%u},"
            "\"prefix\":{\"query_tokens\":%llu,\"hit_tokens\":%llu,"
-           "\"prefill_tokens\":%llu}}\n",
+           "\"prefill_tokens\":%llu},\"paused\":%u,"
+           "\"weight_version\":\"%s\"}\n",
            c->name, (unsigned long long) c->generation, c->worker_pid,
            states[atomic_load(&c->state) & 3],
            msv_pid_alive(c->worker_pid) ? "true" : "false",
@@ -464,7 +465,8 @@ cli_stats(const char *name)
            atomic_load(&c->preempted),
            (unsigned long long) atomic_load(&c->prefix_query_tokens),
            (unsigned long long) atomic_load(&c->prefix_hit_tokens),
-           (unsigned long long) atomic_load(&c->prefill_tokens));
+           (unsigned long long) atomic_load(&c->prefill_tokens),
+           atomic_load(&c->paused), c->weight_version);
 
     msv_region_unmap(&rg);
     return 0;

@@ -115,6 +115,42 @@ http {
             maskserve_health;
             maskserve_worker  $SHM;
         }
+        location = /v1/models {
+            maskserve_models;
+            maskserve_worker  $SHM;
+        }
+
+        # admin endpoints (docs/API.md): this host only
+        location = /inference/v1/pause {
+            allow  127.0.0.1;
+            deny   all;
+            maskserve_pause;
+            maskserve_worker  $SHM;
+        }
+        location = /inference/v1/resume {
+            allow  127.0.0.1;
+            deny   all;
+            maskserve_resume;
+            maskserve_worker  $SHM;
+        }
+        location = /inference/v1/abort_requests {
+            allow  127.0.0.1;
+            deny   all;
+            maskserve_abort_requests;
+            maskserve_worker  $SHM;
+        }
+        location = /inference/v1/flush_cache {
+            allow  127.0.0.1;
+            deny   all;
+            maskserve_flush_cache;
+            maskserve_worker  $SHM;
+        }
+        location = /metrics {
+            allow  127.0.0.1;
+            deny   all;
+            maskserve_metrics;
+            maskserve_worker  $SHM;
+        }
     }
 }
 EOF

@@ -24,6 +24,7 @@
 #include "../shm/msv_ipc.h"
 #include "../shm/msv_ring.h"
 #include "backend.h"
+#include "control.h"
 #include "log.h"
 #include "model.h"
 #include "scheduler.h"
@@ -36,6 +37,7 @@ struct msv_opts {
     const char  *precision;
     int          batch_invariant;
     const char  *shm;
+    const char  *weight_version;
     uint32_t     max_num_seqs;
     uint32_t     max_model_len;
     uint32_t     max_batched;
@@ -90,6 +92,8 @@ msv_usage(FILE *f)
 "  --batch-invariant        CUDA: a request's logits do not depend on the\n"
 "                           batch it runs in (products in fixed slices)\n"
 "  --shm NAME               region name (default maskserve-0)\n"
+"  --weight-version STR     the version of the weights served, reported in\n"
+"                           /health, /v1/models and /metrics (default 0)\n"
 "  --max-num-seqs N         concurrent requests (default 64)\n"
 "  --max-model-len N        prompt + output tokens (default: the model's,\n"
 "                           at most 32768)\n"
@@ -165,6 +169,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "precision",              required_argument, 0, 'A' },
         { "batch-invariant",        no_argument,       0, 'I' },
         { "shm",                    required_argument, 0, 's' },
+        { "weight-version",         required_argument, 0, 'W' },
         { "max-num-seqs",           required_argument, 0, 'n' },
         { "max-model-len",          required_argument, 0, 'l' },
         { "max-num-batched-tokens", required_argument, 0, 'B' },
@@ -189,6 +194,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
     o->backend = "auto";
     o->sampler = "auto";
     o->shm = "maskserve-0";
+    o->weight_version = "0";
     o->max_num_seqs = 64;
     o->max_batched = 2048;
     o->max_logprobs = 128;
@@ -206,6 +212,17 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         case 'A': o->precision = optarg; break;
         case 'I': o->batch_invariant = 1; break;
         case 's': o->shm = optarg; break;
+        case 'W':
+            if (optarg[0] == '\0' || strlen(optarg) > MSV_VERSION_MAX
+                || strpbrk(optarg, "\"\\\n") != NULL)
+            {
+                fprintf(stderr, "maskserve-worker: --weight-version: 1..%d "
+                        "characters, no quote, backslash or newline\n",
+                        MSV_VERSION_MAX);
+                return -1;
+            }
+            o->weight_version = optarg;
+            break;
         case 'n':
             if (msv_parse_u64("--max-num-seqs", optarg, &v, 0) || v < 1
                 || v > 4096)
@@ -462,6 +479,7 @@ main(int argc, char **argv)
     struct msv_opts                 o;
     struct msv_ipc                  ipc;
     struct msv_sched                sched;
+    struct msv_control              control;
     struct msv_layout               lay;
     struct msv_region               rg;
     struct msv_weights              w;
@@ -663,6 +681,7 @@ main(int argc, char **argv)
     }
     ipc.forget = msv_forget;
     ipc.forget_ud = &sched;
+    msv_control_init(&control, rg.ctrl, &sched, o.weight_version);
 
     atomic_store_explicit(&rg.ctrl->state, MSV_WORKER_READY,
                           memory_order_release);
@@ -675,8 +694,14 @@ main(int argc, char **argv)
     while (!msv_stop) {
         atomic_store_explicit(&msv_loop_ns, msv_now_ns(),
                               memory_order_relaxed);
-        msv_ipc_poll(&ipc, msv_sched_pending(&sched) ? 0 : 100);
+        msv_ipc_poll(&ipc, msv_sched_runnable(&sched) ? 0 : 100);
         if (msv_stop) {
+            break;
+        }
+        /* commands act between two steps */
+        if (msv_control_poll(&control) != 0) {
+            msv_err("fatal: %s", sched.err);
+            rc = 1;
             break;
         }
         atomic_store_explicit(&msv_step_ns, msv_now_ns(),

@@ -125,6 +125,7 @@ msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
                           memory_order_relaxed);
     atomic_store_explicit(&c->kv_tokens_free, msv_kv_free_tokens(&s->kv),
                           memory_order_relaxed);
+    c->kv_page_tokens = page_tokens;
 
     for (i = 0; i < n; i++) {
         s->seqs[i].slot = i;
@@ -301,6 +302,12 @@ msv_sched_end(struct msv_sched *s, uint32_t slot, uint32_t from,
     }
 
     atomic_fetch_add_explicit(&s->c->requests_done, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->c->finished[finish & 3], 1,
+                              memory_order_relaxed);
+    if (finish == MSV_FINISH_ABORT) {
+        atomic_fetch_add_explicit(&s->c->aborted[why & 7], 1,
+                                  memory_order_relaxed);
+    }
     return 0;
 }
 
@@ -612,7 +619,10 @@ msv_sched_admit(struct msv_sched *s)
         qsort_r(s->b_order, n, sizeof(uint32_t), msv_cmp_submit, s->c);
     }
 
-    blocked = s->draining ? 1 : msv_sched_readmit(s);
+    /* held (a pause): no newcomer, and with MSV_HOLD_ALL no preempted
+     * sequence comes back either */
+    blocked = s->draining || s->hold == MSV_HOLD_ALL ? 1
+              : msv_sched_readmit(s) || s->hold != MSV_HOLD_NONE;
 
     /* the sequences a newcomer may wait for (msv_sched_defer) */
     s->n_pf = 0;
@@ -677,6 +687,9 @@ msv_sched_admit(struct msv_sched *s)
         }
 
         if (blocked) {
+            if (s->hold != MSV_HOLD_NONE) {
+                continue;   /* paused: every queued cancel is still seen */
+            }
             break;      /* FIFO: later requests wait behind this one */
         }
 
@@ -717,6 +730,8 @@ msv_sched_admit(struct msv_sched *s)
 
         s->n_active++;
         s->p_list[s->n_pf++] = q->slot;
+        atomic_fetch_add_explicit(&s->c->prompt_tokens, q->n_prompt,
+                                  memory_order_relaxed);
         waiting--;
         msv_debug("slot %u: admitted \"%s\", %u prompt tokens (%u cached), "
                   "seed %llu", q->slot, sl->request_id, q->n_prompt, q->n_kv,
@@ -966,6 +981,13 @@ msv_sched_step(struct msv_sched *s)
         }
     }
 
+    if (s->hold == MSV_HOLD_ALL) {
+        /* paused with requests kept in place: nothing runs */
+        msv_ring_end(s->prod);
+        msv_sched_publish(s);
+        return did;
+    }
+
     msv_sched_grow(s);
 
     /* batch: every decoding sequence, then prefill chunks within budget */
@@ -1098,11 +1120,19 @@ msv_sched_forget(struct msv_sched *s, uint32_t slot)
 int
 msv_sched_abort_all(struct msv_sched *s, uint32_t why)
 {
-    uint32_t          i, st;
+    s->draining = 1;
+    return msv_sched_abort_in_flight(s, why, NULL);
+}
+
+
+int
+msv_sched_abort_in_flight(struct msv_sched *s, uint32_t why, uint32_t *count)
+{
+    uint32_t          i, st, n;
     struct msv_seq   *q;
     struct msv_slot  *sl;
 
-    s->draining = 1;
+    n = 0;
     s->step++;
     msv_ring_begin(s->prod, s->step);
 
@@ -1118,6 +1148,7 @@ msv_sched_abort_all(struct msv_sched *s, uint32_t why)
             {
                 return -1;
             }
+            n++;
         } else if (st == MSV_SLOT_SUBMITTED) {
             if (msv_sched_finish(s, i, MSV_SLOT_SUBMITTED, sl->cookie, -1, 0,
                                  sl->params.mask_mode, NULL,
@@ -1125,12 +1156,43 @@ msv_sched_abort_all(struct msv_sched *s, uint32_t why)
             {
                 return -1;
             }
+            n++;
         }
     }
 
+    if (count != NULL) {
+        *count = n;
+    }
+
     msv_ring_end(s->prod);
+    msv_sched_publish(s);
     atomic_store_explicit(&s->c->running, 0, memory_order_relaxed);
     atomic_store_explicit(&s->c->preempted, 0, memory_order_relaxed);
     atomic_store_explicit(&s->c->waiting, 0, memory_order_relaxed);
     return 0;
+}
+
+
+uint32_t
+msv_sched_flush_cache(struct msv_sched *s)
+{
+    uint32_t  n = s->kv.n_cached;
+
+    msv_kv_drop_cache(&s->kv);
+    atomic_fetch_add_explicit(&s->c->cache_flushes, 1, memory_order_relaxed);
+    msv_sched_publish(s);
+    return n;
+}
+
+
+int
+msv_sched_runnable(struct msv_sched *s)
+{
+    if (s->hold == MSV_HOLD_ALL) {
+        return 0;
+    }
+    if (s->hold == MSV_HOLD_ADMIT) {
+        return s->n_active > 0;
+    }
+    return msv_sched_pending(s) > 0;
 }

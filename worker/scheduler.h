@@ -45,6 +45,13 @@ struct msv_seq {
                                        preemptions: the highest goes first */
 };
 
+/* What a pause holds back (worker/control.c sets it). */
+enum msv_hold {
+    MSV_HOLD_NONE  = 0,
+    MSV_HOLD_ADMIT = 1,      /* no admissions; running sequences go on */
+    MSV_HOLD_ALL   = 2       /* no admissions and no steps */
+};
+
 struct msv_sched {
     struct msv_ctrl                *c;
     const struct msv_backend_ops   *ops;
@@ -88,6 +95,7 @@ struct msv_sched {
     uint64_t                        seed_state;
     uint32_t                        n_active;
     int                             draining;
+    int                             hold;       /* enum msv_hold */
     char                            err[256];
 };
 
@@ -122,6 +130,20 @@ void msv_sched_forget(struct msv_sched *s, uint32_t slot);
 /* Shutdown: abort every submitted and running request (abort rows with
  * reason `why`), published in one record. */
 int msv_sched_abort_all(struct msv_sched *s, uint32_t why);
+
+/* Abort every submitted and running request (abort rows with reason
+ * `why`) in one record, and go on serving.  *count: how many. */
+int msv_sched_abort_in_flight(struct msv_sched *s, uint32_t why,
+    uint32_t *count);
+
+/* Drop every cached prefix page nobody holds; pages held stay with their
+ * sequences and are no longer found by later prompts.  Returns the number
+ * of pages dropped. */
+uint32_t msv_sched_flush_cache(struct msv_sched *s);
+
+/* 1 when a step would do something now (the main loop then does not
+ * sleep): requests to admit or to run, as far as a pause allows. */
+int msv_sched_runnable(struct msv_sched *s);
 
 #ifdef __cplusplus
 }
