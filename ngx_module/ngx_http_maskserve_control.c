@@ -54,6 +54,8 @@ typedef struct {
     ngx_http_request_t            *r;
     uint32_t                       op;       /* enum msv_cmd_op */
     uint32_t                       arg;
+    const char                    *path;     /* MSV_OP_UPDATE */
+    const char                    *version;
     ngx_http_maskserve_cmd_region_t  *regions;
     ngx_uint_t                     n;
     ngx_uint_t                     waiting;
@@ -73,8 +75,12 @@ static yajl_val ngx_http_maskserve_ctl_json(ngx_http_request_t *r,
 static ngx_int_t ngx_http_maskserve_ctl_only(ngx_http_request_t *r,
     yajl_val v, const char *allowed, ngx_http_maskserve_err_t *err);
 static void ngx_http_maskserve_ctl_json_free(void *data);
+static void ngx_http_maskserve_update_body(ngx_http_request_t *r);
+static ngx_int_t ngx_http_maskserve_ctl_string(ngx_http_request_t *r,
+    yajl_val v, const char *field, size_t max, const char **out,
+    ngx_http_maskserve_err_t *err);
 static void ngx_http_maskserve_cmd_send(ngx_http_request_t *r, uint32_t op,
-    uint32_t arg);
+    uint32_t arg, const char *path, const char *version);
 static void ngx_http_maskserve_cmd_poll(ngx_event_t *ev);
 static void ngx_http_maskserve_cmd_cleanup(void *data);
 static ngx_int_t ngx_http_maskserve_cmd_answer(
@@ -113,6 +119,13 @@ ngx_int_t
 ngx_http_maskserve_flush_cache_handler(ngx_http_request_t *r)
 {
     return ngx_http_maskserve_ctl_start(r, ngx_http_maskserve_flush_body);
+}
+
+
+ngx_int_t
+ngx_http_maskserve_update_weights_handler(ngx_http_request_t *r)
+{
+    return ngx_http_maskserve_ctl_start(r, ngx_http_maskserve_update_body);
 }
 
 
@@ -193,7 +206,8 @@ ngx_http_maskserve_pause_body(ngx_http_request_t *r)
         }
     }
 
-    ngx_http_maskserve_cmd_send(r, MSV_OP_PAUSE, (uint32_t) mode);
+    ngx_http_maskserve_cmd_send(r, MSV_OP_PAUSE, (uint32_t) mode, NULL,
+                                NULL);
     return;
 
 bad:
@@ -220,7 +234,7 @@ ngx_http_maskserve_resume_body(ngx_http_request_t *r)
         return;
     }
 
-    ngx_http_maskserve_cmd_send(r, MSV_OP_RESUME, 0);
+    ngx_http_maskserve_cmd_send(r, MSV_OP_RESUME, 0, NULL, NULL);
 }
 
 
@@ -239,7 +253,132 @@ ngx_http_maskserve_flush_body(ngx_http_request_t *r)
         return;
     }
 
-    ngx_http_maskserve_cmd_send(r, MSV_OP_FLUSH_CACHE, 0);
+    ngx_http_maskserve_cmd_send(r, MSV_OP_FLUSH_CACHE, 0, NULL, NULL);
+}
+
+
+/*
+ * {"model_path": DIR, "weight_version": "v17", "mode": ...}: both strings
+ * required; the version is what responses, /health and /metrics show, so
+ * it is 1..64 printable characters without quotes or backslashes.
+ */
+static void
+ngx_http_maskserve_update_body(ngx_http_request_t *r)
+{
+    yajl_val                   v, m;
+    ngx_uint_t                 mode, i;
+    const char                *path, *version;
+    ngx_http_maskserve_err_t   err;
+    static const char         *mpath[] = { "mode", NULL };
+    static const char         *fields[] = { "model_path", "weight_version",
+                                            "mode" };
+
+    ngx_memzero(&err, sizeof(ngx_http_maskserve_err_t));
+
+    v = ngx_http_maskserve_ctl_json(r, &err);
+    if (v == NULL) {
+        ngx_http_maskserve_ctl_fail(r, &err);
+        return;
+    }
+
+    for (i = 0; i < v->u.object.len; i++) {
+        if (ngx_strcmp(v->u.object.keys[i], fields[0]) != 0
+            && ngx_strcmp(v->u.object.keys[i], fields[1]) != 0
+            && ngx_strcmp(v->u.object.keys[i], fields[2]) != 0)
+        {
+            (void) ngx_http_maskserve_ctl_only(r, v, NULL, &err);
+            ngx_http_maskserve_ctl_fail(r, &err);
+            return;
+        }
+    }
+
+    if (ngx_http_maskserve_ctl_string(r, v, "model_path",
+                                      MSV_CMD_PATH_MAX - 1, &path, &err)
+        != NGX_OK
+        || ngx_http_maskserve_ctl_string(r, v, "weight_version",
+                                         MSV_VERSION_MAX, &version, &err)
+           != NGX_OK)
+    {
+        ngx_http_maskserve_ctl_fail(r, &err);
+        return;
+    }
+
+    for (i = 0; version[i] != '\0'; i++) {
+        if ((u_char) version[i] < 0x20 || version[i] == '"'
+            || version[i] == '\\' || version[i] == 0x7f)
+        {
+            ngx_http_maskserve_error(&err, NGX_HTTP_BAD_REQUEST,
+                                     NGX_HTTP_MASKSERVE_INVALID,
+                                     "weight_version",
+                                     "weight_version must not hold quotes, "
+                                     "backslashes or control characters");
+            ngx_http_maskserve_ctl_fail(r, &err);
+            return;
+        }
+    }
+
+    mode = MSV_PAUSE_ABORT;
+    m = yajl_tree_get(v, mpath, yajl_t_any);
+
+    if (m != NULL && !YAJL_IS_NULL(m)) {
+        for (mode = 0; YAJL_IS_STRING(m) && mode < 3; mode++) {
+            if (ngx_strcmp(m->u.string,
+                           ngx_http_maskserve_pause_modes[mode]) == 0)
+            {
+                break;
+            }
+        }
+
+        if (!YAJL_IS_STRING(m) || mode == 3) {
+            ngx_http_maskserve_error(&err, NGX_HTTP_BAD_REQUEST,
+                                     NGX_HTTP_MASKSERVE_INVALID, "mode",
+                                     "mode must be \"abort\", \"wait\" or "
+                                     "\"keep\"");
+            ngx_http_maskserve_ctl_fail(r, &err);
+            return;
+        }
+    }
+
+    ngx_http_maskserve_cmd_send(r, MSV_OP_UPDATE, (uint32_t) mode, path,
+                                version);
+}
+
+
+/* A required string field of 1..max bytes, without NUL bytes. */
+static ngx_int_t
+ngx_http_maskserve_ctl_string(ngx_http_request_t *r, yajl_val v,
+    const char *field, size_t max, const char **out,
+    ngx_http_maskserve_err_t *err)
+{
+    u_char      *msg;
+    size_t       len;
+    yajl_val     s;
+    const char  *path[2];
+
+    path[0] = field;
+    path[1] = NULL;
+
+    s = yajl_tree_get(v, path, yajl_t_any);
+
+    if (s != NULL && YAJL_IS_STRING(s)) {
+        len = ngx_strlen(s->u.string);
+        if (len >= 1 && len <= max) {
+            *out = s->u.string;
+            return NGX_OK;
+        }
+    }
+
+    msg = ngx_pnalloc(r->pool, 128);
+    if (msg == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_maskserve_set_error(err, NGX_HTTP_BAD_REQUEST,
+                                 NGX_HTTP_MASKSERVE_INVALID, field, msg,
+                                 ngx_snprintf(msg, 128, "%s is required: a "
+                                              "string of 1 to %uz bytes",
+                                              field, max) - msg);
+    return NGX_ERROR;
 }
 
 
@@ -458,7 +597,8 @@ ngx_http_maskserve_ctl_fail(ngx_http_request_t *r,
 /* Commands through the control channel                                 */
 
 static void
-ngx_http_maskserve_cmd_send(ngx_http_request_t *r, uint32_t op, uint32_t arg)
+ngx_http_maskserve_cmd_send(ngx_http_request_t *r, uint32_t op, uint32_t arg,
+    const char *path, const char *version)
 {
     u_char                           *msg;
     ngx_uint_t                        i, k, n;
@@ -491,6 +631,8 @@ ngx_http_maskserve_cmd_send(ngx_http_request_t *r, uint32_t op, uint32_t arg)
     cctx->r = r;
     cctx->op = op;
     cctx->arg = arg;
+    cctx->path = path;
+    cctx->version = version;
 
     /* every ready worker of the location, its mailbox claimed */
     for (i = 0; mcf->running && i < n; i++) {
@@ -550,7 +692,8 @@ ngx_http_maskserve_cmd_send(ngx_http_request_t *r, uint32_t op, uint32_t arg)
 
     for (k = 0; k < cctx->n; k++) {
         rg = cctx->regions[k].rg;
-        msv_cmd_post(rg->att.rg.ctrl, (int32_t) ngx_pid, op, arg);
+        msv_cmd_post(rg->att.rg.ctrl, (int32_t) ngx_pid, op, arg, path,
+                     version);
         msv_kick(rg->att.kick_fd);
     }
 
@@ -667,20 +810,28 @@ ngx_http_maskserve_cmd_answer(ngx_http_maskserve_cmd_ctx_t *cctx)
         cr = &cctx->regions[k];
 
         if (cr->state < 0 || cr->res.status != 0) {
-            msg = ngx_pnalloc(r->pool, cr->rg->name.len + 256);
+            msg = ngx_pnalloc(r->pool, cr->rg->name.len + 2 * MSV_CMD_MSG_MAX);
             if (msg == NULL) {
                 return NGX_HTTP_INTERNAL_SERVER_ERROR;
             }
 
+            /* a checkpoint that does not fit is the client's error (400,
+             * naming the field); a backend that cannot update, 501 */
             ngx_memzero(&err, sizeof(ngx_http_maskserve_err_t));
             ngx_http_maskserve_set_error(&err,
                 cr->state < 0 ? NGX_HTTP_SERVICE_UNAVAILABLE
-                              : NGX_HTTP_INTERNAL_SERVER_ERROR,
-                NGX_HTTP_MASKSERVE_SERVER, NULL, msg,
-                ngx_snprintf(msg, cr->rg->name.len + 256, "worker \"%V\" %s%s",
-                             &cr->rg->name,
+                : cr->res.status == -EINVAL ? NGX_HTTP_BAD_REQUEST
+                : cr->res.status == -ENOTSUP ? NGX_HTTP_NOT_IMPLEMENTED
+                : NGX_HTTP_INTERNAL_SERVER_ERROR,
+                cr->state >= 0 && cr->res.status == -EINVAL
+                ? NGX_HTTP_MASKSERVE_INVALID : NGX_HTTP_MASKSERVE_SERVER,
+                cr->state >= 0 && cr->res.status == -EINVAL
+                && cctx->op == MSV_OP_UPDATE ? "model_path" : NULL,
+                msg,
+                ngx_snprintf(msg, cr->rg->name.len + 2 * MSV_CMD_MSG_MAX,
+                             "worker \"%V\": %s%s", &cr->rg->name,
                              cr->state < 0 ? "went away before it answered"
-                                           : "refused the command: ",
+                                           : "",
                              cr->state < 0 ? "" : cr->res.msg) - msg);
             return ngx_http_maskserve_send_error(r, &err);
         }
@@ -691,7 +842,7 @@ ngx_http_maskserve_cmd_answer(ngx_http_maskserve_cmd_ctx_t *cctx)
         }
     }
 
-    len = 256 + cctx->n * (256 + MSV_CMD_MSG_MAX * 2);
+    len = 512 + MSV_VERSION_MAX + cctx->n * (256 + MSV_CMD_MSG_MAX * 6);
 
     for (k = 0; k < cctx->n; k++) {
         len += cctx->regions[k].rg->name.len;
@@ -718,6 +869,18 @@ ngx_http_maskserve_cmd_answer(ngx_http_maskserve_cmd_ctx_t *cctx)
     case MSV_OP_RESUME:
         p = ngx_sprintf(p, "{\"paused\":false,\"resumed\":%s,",
                         was ? "true" : "false");
+        break;
+
+    case MSV_OP_UPDATE:
+        p = ngx_sprintf(p, "{\"updated\":true,\"weight_version\":\"%s\","
+                        "\"mode\":\"%s\",\"%s\":%uL,\"pause_seconds\":%.3f,",
+                        cctx->version,
+                        ngx_http_maskserve_pause_modes[cctx->arg],
+                        cctx->arg == MSV_PAUSE_KEEP ? "kept" : "aborted",
+                        cctx->arg == MSV_PAUSE_WAIT ? 0 : count,
+                        (double) atomic_load_explicit(
+                            &cctx->regions[0].rg->att.rg.ctrl->weight_pause_ms,
+                            memory_order_relaxed) / 1000);
         break;
 
     default: /* MSV_OP_FLUSH_CACHE */
@@ -1165,6 +1328,14 @@ static ngx_http_maskserve_metric_t  ngx_http_maskserve_metrics[] = {
       "of those, tokens found cached" },
     { "maskserve_cache_flushes_total", "counter",
       "prefix cache flushes" },
+    { "maskserve_weight_updates_total", "counter",
+      "weight updates done" },
+    { "maskserve_weight_update_failures_total", "counter",
+      "weight updates refused or failed (the old weights served on)" },
+    { "maskserve_weight_update_seconds", "gauge",
+      "duration of the last weight update, load to swap" },
+    { "maskserve_weight_update_pause_seconds", "gauge",
+      "of that, the time between two steps (no step ran)" },
     { "maskserve_ring_waits_total", "counter",
       "times the worker waited for a reader to free ring space" },
     { "maskserve_readers_evicted_total", "counter",
@@ -1283,6 +1454,15 @@ ngx_http_maskserve_metrics_region(u_char *p, ngx_http_maskserve_region_t *rg,
                            now > hb ? (double) (now - hb) / 1e9 : 0.0);
     }
 
+    if (ngx_strcmp(name, "maskserve_weight_update_seconds") == 0
+        || ngx_strcmp(name, "maskserve_weight_update_pause_seconds") == 0)
+    {
+        v = ngx_strcmp(name, "maskserve_weight_update_seconds") == 0
+            ? msv_load(weight_update_ms) : msv_load(weight_pause_ms);
+        return ngx_sprintf(p, "%s{worker=\"%V\"} %.3f\n", name, w,
+                           (double) v / 1000);
+    }
+
     if (ngx_strcmp(name, "maskserve_requests_finished_total") == 0) {
         for (k = 1; k < 4; k++) {
             p = ngx_sprintf(p, "%s{worker=\"%V\",reason=\"%s\"} %uL\n", name,
@@ -1337,6 +1517,12 @@ ngx_http_maskserve_metrics_region(u_char *p, ngx_http_maskserve_region_t *rg,
         v = msv_load(prefix_hit_tokens);
     } else if (ngx_strcmp(name, "maskserve_cache_flushes_total") == 0) {
         v = msv_load(cache_flushes);
+    } else if (ngx_strcmp(name, "maskserve_weight_updates_total") == 0) {
+        v = msv_load(weight_updates);
+    } else if (ngx_strcmp(name,
+                          "maskserve_weight_update_failures_total") == 0)
+    {
+        v = msv_load(weight_update_failures);
     } else if (ngx_strcmp(name, "maskserve_ring_waits_total") == 0) {
         v = msv_load(ring_waits);
     } else if (ngx_strcmp(name, "maskserve_readers_evicted_total") == 0) {

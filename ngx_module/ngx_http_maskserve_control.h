@@ -19,6 +19,10 @@ ngx_int_t ngx_http_maskserve_pause_handler(ngx_http_request_t *r);
 /* POST /inference/v1/resume {} */
 ngx_int_t ngx_http_maskserve_resume_handler(ngx_http_request_t *r);
 
+/* POST /inference/v1/update_weights_from_disk
+ * {"model_path": DIR, "weight_version": "v17", "mode": ...} */
+ngx_int_t ngx_http_maskserve_update_weights_handler(ngx_http_request_t *r);
+
 /* POST /inference/v1/flush_cache {} */
 ngx_int_t ngx_http_maskserve_flush_cache_handler(ngx_http_request_t *r);
 

@@ -118,6 +118,13 @@ static ngx_command_t  ngx_http_maskserve_commands[] = {
       0,
       (void *) ngx_http_maskserve_abort_requests_handler },
 
+    { ngx_string("maskserve_update_weights"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_maskserve_conf_handler_set,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      (void *) ngx_http_maskserve_update_weights_handler },
+
     { ngx_string("maskserve_flush_cache"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_maskserve_conf_handler_set,

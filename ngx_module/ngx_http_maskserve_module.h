@@ -155,6 +155,9 @@ typedef struct {
     unsigned                       reported:1;    /* finish_reason sent */
     unsigned                       seed_known:1;
     unsigned                       started:1;     /* first row seen */
+
+    /* the version of the weights it ran on, set at its end */
+    u_char                         weight_version[MSV_VERSION_MAX + 1];
 } ngx_http_maskserve_choice_t;
 
 

@@ -637,10 +637,14 @@ ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
             p = ngx_cpymem(p, ",\"abort_reason\":\"paused\"", 24);
         }
 
+        /* the version of the weights it ran on (docs/API.md) */
+        p = ngx_cpymem(p, ",\"weight_version\":\"", 19);
+        p = ngx_cpystrn(p, ch->weight_version, MSV_VERSION_MAX + 1);
+        *p++ = '"';
+
     } else {
         p = ngx_cpymem(p, "null", 4);
     }
-
     *p++ = '}';
     cl->buf->last = p;
 

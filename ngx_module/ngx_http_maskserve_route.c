@@ -37,6 +37,8 @@ static void ngx_http_maskserve_route_release(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_choice_t *ch);
 static ngx_int_t ngx_http_maskserve_route_match(struct msv_ctrl *c,
     uint32_t i, u_char *id, size_t len, uint64_t *cookie, uint32_t *state);
+static void ngx_http_maskserve_route_version(ngx_http_maskserve_choice_t *ch,
+    struct msv_ctrl *c, uint32_t slot);
 
 
 /* One row of the ring: route it to its request by slot and cookie. */
@@ -147,6 +149,8 @@ ngx_http_maskserve_route_row(void *ud, uint64_t seq, const struct msv_row *w)
         ch->finish = MSV_FINISH_ABORT;
         ch->abort_reason = MSV_ABORT_INTERNAL;
     }
+
+    ngx_http_maskserve_route_version(ch, rg->att.rg.ctrl, w->slot);
 
     /* the row is formatted: the slot may go back to the worker */
     ngx_http_maskserve_route_release(ctx, ch);
@@ -283,6 +287,30 @@ ngx_http_maskserve_route_flush(ngx_http_maskserve_region_t *rg)
     }
 }
 
+
+
+/*
+ * The version of the weights the request ran on: the slot carries the
+ * worker's weight_seq at admission; the control page holds the current
+ * version and the one before (a request spans at most one update unless
+ * it is kept through several).
+ */
+static void
+ngx_http_maskserve_route_version(ngx_http_maskserve_choice_t *ch,
+    struct msv_ctrl *c, uint32_t slot)
+{
+    uint32_t     cur, seq;
+    const char  *v;
+
+    /* W-seq: acquire, pairs with the worker's release bump (control.c) */
+    cur = atomic_load_explicit(&c->weight_seq, memory_order_acquire);
+    seq = msv_slot_at(c, slot)->weight_seq;
+
+    v = seq == cur ? c->weight_version
+        : seq + 1 == cur ? c->prev_weight_version : "";
+
+    ngx_cpystrn(ch->weight_version, (u_char *) v, MSV_VERSION_MAX + 1);
+}
 
 
 ngx_http_maskserve_region_t *

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "msv_cmd.h"
@@ -45,8 +46,12 @@ msv_cmd_unclaim(struct msv_ctrl *c, int32_t pid)
 
 
 void
-msv_cmd_post(struct msv_ctrl *c, int32_t pid, uint32_t op, uint32_t arg)
+msv_cmd_post(struct msv_ctrl *c, int32_t pid, uint32_t op, uint32_t arg,
+    const char *path, const char *version)
 {
+    snprintf(c->cmd.path, sizeof(c->cmd.path), "%s", path ? path : "");
+    snprintf(c->cmd.version, sizeof(c->cmd.version), "%s",
+             version ? version : "");
     c->cmd.op = op;
     c->cmd.arg = arg;
     c->cmd.status = 0;

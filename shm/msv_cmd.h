@@ -21,9 +21,11 @@ int msv_cmd_claim(struct msv_ctrl *c, int32_t pid);
 /* Reader: give back a claimed mailbox without posting. */
 void msv_cmd_unclaim(struct msv_ctrl *c, int32_t pid);
 
-/* Reader: post the claimed mailbox's command; then kick the worker. */
+/* Reader: post the claimed mailbox's command; then kick the worker.
+ * path and version: NULL, or strings for MSV_OP_UPDATE (truncated to
+ * their fields: check lengths first). */
 void msv_cmd_post(struct msv_ctrl *c, int32_t pid, uint32_t op,
-    uint32_t arg);
+    uint32_t arg, const char *path, const char *version);
 
 /*
  * Reader: 1 when the worker answered (*out holds a copy of the mailbox,

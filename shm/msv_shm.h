@@ -73,7 +73,8 @@ extern "C" {
 #define MSV_SOCK_PATH_MAX    108     /* sizeof sun_path */
 
 #define MSV_VERSION_MAX      64      /* weight version, without the NUL */
-#define MSV_CMD_MSG_MAX      128     /* a command's message, with the NUL */
+#define MSV_CMD_MSG_MAX      256     /* a command's message, with the NUL */
+#define MSV_CMD_PATH_MAX     1024    /* a command's path, with the NUL */
 
 #define MSV_REC_ALIGN        16      /* records start on 16-byte bounds */
 #define MSV_ROW_ALIGN        8       /* rows inside a record, 8 bytes */
@@ -117,7 +118,9 @@ enum msv_cmd_op {
     MSV_OP_NONE        = 0,
     MSV_OP_PAUSE       = 1,   /* arg: enum msv_pause_mode */
     MSV_OP_RESUME      = 2,
-    MSV_OP_FLUSH_CACHE = 3
+    MSV_OP_FLUSH_CACHE = 3,
+    MSV_OP_UPDATE      = 4    /* weights from cmd.path, version cmd.version;
+                                 arg: enum msv_pause_mode */
 };
 
 enum msv_pause_mode {
@@ -140,6 +143,9 @@ struct msv_cmd {
     uint32_t  arg;
     uint32_t  _pad0;
     uint64_t  seq;                  /* bumps on every claim */
+    char      path[MSV_CMD_PATH_MAX];        /* MSV_OP_UPDATE */
+    char      version[MSV_VERSION_MAX + 1];  /* MSV_OP_UPDATE */
+    char      _pad2[7];
 
     /* written by the worker before DONE */
     int32_t   status;               /* 0, or a negative errno */
@@ -229,6 +235,15 @@ struct msv_ctrl {
     uint32_t  _pad6;
     char      weight_version[MSV_VERSION_MAX + 1];
     char      _pad5[7];
+    char      prev_weight_version[MSV_VERSION_MAX + 1];  /* the one before */
+    char      _pad7[7];
+    MSV_ATOMIC(uint32_t) weight_seq;          /* bumps on every update;
+                                                 slots carry it */
+    uint32_t  _pad8;
+    MSV_ATOMIC(uint64_t) weight_updates;      /* updates done */
+    MSV_ATOMIC(uint64_t) weight_update_failures;
+    MSV_ATOMIC(uint64_t) weight_update_ms;    /* the last one's duration */
+    MSV_ATOMIC(uint64_t) weight_pause_ms;     /* of that, with no step */
 
     /* the control channel: one command at a time (see struct msv_cmd) */
     struct msv_cmd        cmd;
@@ -358,7 +373,7 @@ struct msv_slot {
     uint32_t  n_out;                /* tokens produced */
     uint32_t  finish;               /* enum msv_finish */
     uint32_t  abort_reason;         /* enum msv_abort */
-    uint32_t  _pad2;
+    uint32_t  weight_seq;           /* ctrl->weight_seq at admission */
     uint64_t  t_start_ns;
     uint64_t  t_end_ns;
 };

@@ -139,6 +139,12 @@ http {
             maskserve_abort_requests;
             maskserve_worker  $SHM;
         }
+        location = /inference/v1/update_weights_from_disk {
+            allow  127.0.0.1;
+            deny   all;
+            maskserve_update_weights;
+            maskserve_worker  $SHM;
+        }
         location = /inference/v1/flush_cache {
             allow  127.0.0.1;
             deny   all;

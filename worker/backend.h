@@ -108,6 +108,20 @@ struct msv_backend_ops {
         uint32_t n, struct msv_sample_res *res, char *err, size_t errlen);
     int (*sample_copy)(struct msv_backend *b, uint32_t first, uint32_t n,
         void *dst, char *err, size_t errlen);
+
+    /*
+     * Optional: a weight update (NULL: the backend cannot).  stage_weights
+     * builds new weights of the same config from w beside the ones in
+     * use, while steps go on (it runs on another thread than forward and
+     * touches nothing forward reads): 0 with *staged set, or -1 with err
+     * set and nothing changed.  commit_weights, between two steps: the
+     * staged weights serve from the next forward on and the old ones are
+     * freed.  drop_weights frees staged weights never committed.
+     */
+    int (*stage_weights)(struct msv_backend *b, const struct msv_weights *w,
+        void **staged, char *err, size_t errlen);
+    void (*commit_weights)(struct msv_backend *b, void *staged);
+    void (*drop_weights)(struct msv_backend *b, void *staged);
 };
 
 extern const struct msv_backend_ops msv_backend_cpu;

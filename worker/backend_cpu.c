@@ -114,6 +114,11 @@ struct msv_attn_job {
 };
 
 
+static int msv_cpu_stage_weights(struct msv_backend *b,
+    const struct msv_weights *w, void **staged, char *err, size_t errlen);
+static void msv_cpu_commit_weights(struct msv_backend *b, void *staged);
+static void msv_cpu_drop_weights(struct msv_backend *b, void *staged);
+static void msv_cpu_free_weights(struct msv_backend *b);
 static struct msv_backend *msv_cpu_create(const struct msv_model_config *cfg,
     const struct msv_weights *w, uint32_t max_seqs, uint32_t max_len,
     uint64_t kv_tokens, int threads, char *err, size_t errlen);
@@ -158,7 +163,10 @@ const struct msv_backend_ops  msv_backend_cpu = {
     NULL,                       /* host_free */
     NULL,                       /* sample_init: the CPU sampler */
     NULL,
-    NULL
+    NULL,
+    msv_cpu_stage_weights,
+    msv_cpu_commit_weights,
+    msv_cpu_drop_weights
 };
 
 
@@ -961,33 +969,7 @@ msv_cpu_destroy(struct msv_backend *b)
     msv_pool_stop(&b->pool);
     free(b->helpers);
 
-    if (b->layers != NULL) {
-        for (l = 0; l < b->cfg.n_layers; l++) {
-            struct msv_cpu_layer  *ly = &b->layers[l];
-
-            free(ly->in_norm);
-            free(ly->wq);
-            free(ly->wk);
-            free(ly->wv);
-            free(ly->bq);
-            free(ly->bk);
-            free(ly->bv);
-            free(ly->q_norm);
-            free(ly->k_norm);
-            free(ly->wo);
-            free(ly->post_norm);
-            free(ly->wg);
-            free(ly->wu);
-            free(ly->wd);
-        }
-        free(b->layers);
-    }
-
-    if (b->lm_head != b->embed) {
-        free(b->lm_head);
-    }
-    free(b->embed);
-    free(b->final_norm);
+    msv_cpu_free_weights(b);
     free(b->inv_freq);
 
     for (l = 0; l < b->cfg.n_layers; l++) {
@@ -1165,4 +1147,113 @@ msv_pool_stop(struct msv_pool *p)
     pthread_cond_destroy(&p->done);
     pthread_cond_destroy(&p->go);
     pthread_mutex_destroy(&p->mu);
+}
+
+
+/* The weight arrays of b (what msv_cpu_weights made). */
+static void
+msv_cpu_free_weights(struct msv_backend *b)
+{
+    uint32_t  l;
+
+    if (b->layers != NULL) {
+        for (l = 0; l < b->cfg.n_layers; l++) {
+            struct msv_cpu_layer  *ly = &b->layers[l];
+
+            free(ly->in_norm);
+            free(ly->wq);
+            free(ly->wk);
+            free(ly->wv);
+            free(ly->bq);
+            free(ly->bk);
+            free(ly->bv);
+            free(ly->q_norm);
+            free(ly->k_norm);
+            free(ly->wo);
+            free(ly->post_norm);
+            free(ly->wg);
+            free(ly->wu);
+            free(ly->wd);
+        }
+        free(b->layers);
+    }
+
+    if (b->lm_head != b->embed) {
+        free(b->lm_head);
+    }
+    free(b->embed);
+    free(b->final_norm);
+    b->layers = NULL;
+    b->embed = NULL;
+    b->lm_head = NULL;
+    b->final_norm = NULL;
+}
+
+
+/*
+ * A weight update: the new arrays are built into a shadow backend that
+ * holds only weights (the config is b's, read-only), so forward keeps
+ * reading b's meanwhile; commit swaps the pointers.
+ */
+static int
+msv_cpu_stage_weights(struct msv_backend *b, const struct msv_weights *w,
+    void **staged, char *err, size_t errlen)
+{
+    struct msv_backend  *sh;
+
+    sh = calloc(1, sizeof(struct msv_backend));
+    if (sh == NULL) {
+        snprintf(err, errlen, "cpu backend: out of memory");
+        return -1;
+    }
+
+    sh->cfg = b->cfg;
+
+    if (msv_cpu_weights(sh, w, err, errlen) != 0) {
+        msv_cpu_free_weights(sh);
+        free(sh);
+        return -1;
+    }
+
+    *staged = sh;
+    return 0;
+}
+
+
+static void
+msv_cpu_commit_weights(struct msv_backend *b, void *staged)
+{
+    float                 *embed, *final_norm, *lm_head;
+    struct msv_backend    *sh = staged;
+    struct msv_cpu_layer  *layers;
+
+    embed = b->embed;
+    final_norm = b->final_norm;
+    lm_head = b->lm_head;
+    layers = b->layers;
+
+    b->embed = sh->embed;
+    b->final_norm = sh->final_norm;
+    b->lm_head = sh->lm_head;
+    b->layers = sh->layers;
+
+    sh->embed = embed;
+    sh->final_norm = final_norm;
+    sh->lm_head = lm_head;
+    sh->layers = layers;
+
+    msv_cpu_drop_weights(b, sh);
+}
+
+
+static void
+msv_cpu_drop_weights(struct msv_backend *b, void *staged)
+{
+    struct msv_backend  *sh = staged;
+
+    (void) b;
+    if (sh != NULL) {
+        msv_cpu_free_weights(sh);
+        free(sh);
+    }
 }

@@ -491,3 +491,19 @@ done:
     free(where);
     return rc;
 }
+
+
+void
+msv_kv_seal(struct msv_kv *kv, uint64_t salt)
+{
+    uint32_t  i;
+
+    msv_kv_drop_cache(kv);
+
+    for (i = 0; i < kv->max_seqs; i++) {
+        if (kv->seq[i].n_pages > 0) {
+            kv->seq[i].n_hashed = kv->seq[i].n_pages;
+            kv->seq[i].hash = salt | 1;
+        }
+    }
+}

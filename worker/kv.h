@@ -136,6 +136,12 @@ void msv_kv_publish(struct msv_kv *kv, uint32_t seq, const int32_t *toks,
  * caching off. */
 void msv_kv_drop_cache(struct msv_kv *kv);
 
+/* After a weight update: forget every cached page (msv_kv_drop_cache),
+ * and let no page held now be found later either: what the holders
+ * publish from now on chains from `salt` (nonzero), which no prompt's
+ * lookup starts from. */
+void msv_kv_seal(struct msv_kv *kv, uint64_t salt);
+
 /* Consistency check for tests: references equal table entries, every
  * page is in exactly one place.  0, or -1 with a message in err. */
 int msv_kv_check(const struct msv_kv *kv, char *err, size_t errlen);

@@ -681,7 +681,13 @@ main(int argc, char **argv)
     }
     ipc.forget = msv_forget;
     ipc.forget_ud = &sched;
-    msv_control_init(&control, rg.ctrl, &sched, o.weight_version);
+    if (msv_control_init(&control, rg.ctrl, &sched, o.weight_version, &cfg,
+                         &w) != 0)
+    {
+        fprintf(stderr, "maskserve-worker: out of memory\n");
+        msv_region_unlink(o.shm);
+        return 1;
+    }
 
     atomic_store_explicit(&rg.ctrl->state, MSV_WORKER_READY,
                           memory_order_release);
@@ -740,6 +746,7 @@ main(int argc, char **argv)
              (unsigned long long) atomic_load(&rg.ctrl->steps),
              (unsigned long long) atomic_load(&rg.ctrl->tokens));
 
+    msv_control_free(&control);
     msv_sched_free(&sched);
     ops->destroy(be);
     msv_weights_free(&w);

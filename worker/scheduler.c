@@ -718,6 +718,8 @@ msv_sched_admit(struct msv_sched *s)
                                   & ((1ULL << 53) - 1);   /* exact in JSON */
         q->ticket = ++s->next_ticket;
         sl->seed_used = q->seed;
+        sl->weight_seq = atomic_load_explicit(&s->c->weight_seq,
+                                              memory_order_relaxed);
         sl->n_out = 0;
         sl->t_start_ns = msv_now_ns();
 

@@ -52,7 +52,7 @@ test_cycle(struct msv_ctrl *c)
     tap_ok(msv_cmd_claim(c, me) == 0, "cycle: claim");
     tap_ok(msv_cmd_claim(c, me + 1) == -1, "cycle: a second claim is busy");
     tap_ok(msv_cmd_take(c, &op, &arg) == 0, "cycle: a claimed mailbox is not taken");
-    msv_cmd_post(c, me, MSV_OP_PAUSE, MSV_PAUSE_KEEP);
+    msv_cmd_post(c, me, MSV_OP_PAUSE, MSV_PAUSE_KEEP, NULL, NULL);
     tap_ok(msv_cmd_poll(c, me, &res) == 0, "cycle: posted, no answer yet");
     tap_ok(msv_cmd_poll(c, me + 1, &res) == -1, "cycle: not another pid's");
     tap_ok(msv_cmd_take(c, &op, &arg) == 1 && op == MSV_OP_PAUSE
@@ -91,7 +91,7 @@ test_abandon(struct msv_ctrl *c)
 
     /* abandoned before the answer: the worker frees it */
     msv_cmd_claim(c, me);
-    msv_cmd_post(c, me, MSV_OP_PAUSE, MSV_PAUSE_WAIT);
+    msv_cmd_post(c, me, MSV_OP_PAUSE, MSV_PAUSE_WAIT, NULL, NULL);
     msv_cmd_take(c, &op, &arg);
     msv_cmd_abandon(c, me);
     tap_ok(cmd_state(c) == MSV_CMD_TAKEN, "abandon: stays taken while it runs");
@@ -103,7 +103,7 @@ test_abandon(struct msv_ctrl *c)
 
     /* abandoned after the answer: the reader frees it */
     msv_cmd_claim(c, me);
-    msv_cmd_post(c, me, MSV_OP_RESUME, 0);
+    msv_cmd_post(c, me, MSV_OP_RESUME, 0, NULL, NULL);
     msv_cmd_take(c, &op, &arg);
     msv_cmd_done(c, 0, 0, 0, NULL);
     msv_cmd_abandon(c, me);
@@ -127,7 +127,7 @@ test_dead_owner(struct msv_ctrl *c)
     pid = fork();
     if (pid == 0) {
         msv_cmd_claim(c, getpid());
-        msv_cmd_post(c, getpid(), MSV_OP_FLUSH_CACHE, 0);
+        msv_cmd_post(c, getpid(), MSV_OP_FLUSH_CACHE, 0, NULL, NULL);
         _exit(0);
     }
     waitpid(pid, &st, 0);
@@ -157,7 +157,7 @@ test_race(struct msv_ctrl *c)
                 while (msv_cmd_claim(c, me) != 0) {
                     sched_yield();      /* busy: retry */
                 }
-                msv_cmd_post(c, me, MSV_OP_FLUSH_CACHE, (uint32_t) me);
+                msv_cmd_post(c, me, MSV_OP_FLUSH_CACHE, (uint32_t) me, NULL, NULL);
                 while ((answered = msv_cmd_poll(c, me, &res)) == 0) {
                     sched_yield();
                 }

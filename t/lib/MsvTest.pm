@@ -122,7 +122,10 @@ sub start_worker {
     my ($self, %o) = @_;
     my $name = $o{name} // sprintf("msvt-%d-%d", $$, ++$self->{seq});
     my $log = "$self->{dir}/worker-$name.log";
-    my @args = ('--dummy', $o{model} // 'tiny', '--shm', $name,
+    # model_dir: a checkpoint directory (--model), else dummy weights
+    my @src = $o{model_dir} ? ('--model', $o{model_dir})
+                            : ('--dummy', $o{model} // 'tiny');
+    my @args = (@src, '--shm', $name,
                 '--backend', $ENV{MSV_BACKEND} // 'cpu',
                 '--max-num-seqs', $o{slots} // 64,
                 '--max-model-len', $o{max_model_len} // 512,
@@ -458,6 +461,10 @@ sub merge_events {
             push @{ $c{logprobs}{content} }, @{ $ch->{logprobs}{content} };
         }
         $c{finish_reason} = $ch->{finish_reason};
+        # fields of the last event's choice only (docs/API.md)
+        for my $k (qw(weight_version abort_reason)) {
+            $c{$k} = $ch->{$k} if exists $ch->{$k};
+        }
         $top{usage} = $e->{usage} if $e->{usage};
         $top{seed} = $e->{seed} if defined $e->{seed};
         $top{request_id} = $e->{request_id};
