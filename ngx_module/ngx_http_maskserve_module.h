@@ -156,8 +156,14 @@ typedef struct {
     unsigned                       seed_known:1;
     unsigned                       started:1;     /* first row seen */
 
-    /* the version of the weights it ran on, set at its end */
+    /* the version of the weights it ran on, set at its end; kept
+     * through an update, the tokens from weight_pos to weight_end came
+     * from weight_next */
     u_char                         weight_version[MSV_VERSION_MAX + 1];
+    u_char                         weight_next[MSV_VERSION_MAX + 1];
+    ngx_uint_t                     weight_pos;
+    ngx_uint_t                     weight_end;
+    unsigned                       weight_spans:1;
 } ngx_http_maskserve_choice_t;
 
 

@@ -642,6 +642,16 @@ ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
         p = ngx_cpystrn(p, ch->weight_version, MSV_VERSION_MAX + 1);
         *p++ = '"';
 
+        if (ch->weight_spans) {
+            /* kept through an update: the tokens of each version */
+            p = ngx_sprintf(p, ",\"weight_versions\":[{\"version\":\"%s\","
+                            "\"start\":0,\"end\":%ui},{\"version\":\"%s\","
+                            "\"start\":%ui,\"end\":%ui}]",
+                            ch->weight_version, ch->weight_pos,
+                            ch->weight_next, ch->weight_pos,
+                            ch->weight_end);
+        }
+
     } else {
         p = ngx_cpymem(p, "null", 4);
     }

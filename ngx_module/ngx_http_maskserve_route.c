@@ -299,17 +299,29 @@ static void
 ngx_http_maskserve_route_version(ngx_http_maskserve_choice_t *ch,
     struct msv_ctrl *c, uint32_t slot)
 {
-    uint32_t     cur, seq;
-    const char  *v;
+    uint32_t          cur, seq;
+    const char       *v;
+    struct msv_slot  *s;
 
     /* W-seq: acquire, pairs with the worker's release bump (control.c) */
     cur = atomic_load_explicit(&c->weight_seq, memory_order_acquire);
-    seq = msv_slot_at(c, slot)->weight_seq;
+    s = msv_slot_at(c, slot);
+    seq = s->weight_seq;
 
     v = seq == cur ? c->weight_version
         : seq + 1 == cur ? c->prev_weight_version : "";
 
     ngx_cpystrn(ch->weight_version, (u_char *) v, MSV_VERSION_MAX + 1);
+
+    /* kept through an update: its tokens from weight_pos on are the next
+     * version's (the current one, when it was the last update) */
+    if (s->weight_pos != UINT32_MAX && seq + 1 == cur) {
+        ngx_cpystrn(ch->weight_next, (u_char *) c->weight_version,
+                    MSV_VERSION_MAX + 1);
+        ch->weight_pos = s->weight_pos;
+        ch->weight_end = s->n_out;
+        ch->weight_spans = 1;
+    }
 }
 
 

@@ -376,6 +376,11 @@ struct msv_slot {
     uint32_t  weight_seq;           /* ctrl->weight_seq at admission */
     uint64_t  t_start_ns;
     uint64_t  t_end_ns;
+    uint32_t  weight_pos;           /* output index from which the next
+                                       weight_seq produced the tokens (an
+                                       update with mode keep); UINT32_MAX:
+                                       none (version 3) */
+    uint32_t  _pad3;
 };
 
 

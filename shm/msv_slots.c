@@ -211,6 +211,7 @@ msv_slot_submit(struct msv_ctrl *c, uint32_t i, const char *request_id,
     s->abort_reason = MSV_ABORT_NONE;
     s->t_start_ns = 0;
     s->t_end_ns = 0;
+    s->weight_pos = UINT32_MAX;
     s->t_submit_ns = msv_now_ns();
     __atomic_store_n(&s->cookie, cookie, __ATOMIC_RELAXED);
 

@@ -232,14 +232,18 @@ sub last_choice {
 }
 
 {
-    my @h = streams('ab', 32, 400);
+    my @h = streams('ab', 32, 500);
     my $r = update(model_path => $A, weight_version => 'A2', mode => 'abort');
     is($r->{status}, 200, 'update abort under load: 200');
-    is($r->{json}{aborted}, 32, 'all 32 aborted');
+    # the first streams may have finished while the last ones started
+    my $ab = $r->{json}{aborted} // 0;
+    cmp_ok($ab, '>=', 16, "most of them aborted ($ab)");
     my @c = map { last_choice($t->bg_wait($_, 30)) } @h;
     is(scalar(grep { ($_->{finish_reason} // '') eq 'abort'
-                     && ($_->{abort_reason} // '') eq 'paused' } @c), 32,
-       'every stream ends with abort, reason paused');
+                     && ($_->{abort_reason} // '') eq 'paused' } @c), $ab,
+       'those end with abort, reason paused');
+    is(scalar(grep { ($_->{finish_reason} // '') eq 'length' } @c), 32 - $ab,
+       'the others had finished');
     is(choice($t->generate($q))->{weight_version}, 'A2', 'A2 serves');
     is($t->generate($q)->{json}{choices}[0]{token_ids}[0],
        choice($onA)->{token_ids}[0], 'A answers again');
@@ -272,13 +276,27 @@ sub last_choice {
     is(wstate()->{paused}, JSON::PP::false, 'and the worker runs again');
 
     # keep: they go on through the swap
-    @h = streams('kp', 32, 300);
+    @h = streams('kp', 32, 500);
     $r = update(model_path => $A, weight_version => 'A3', mode => 'keep');
     is($r->{status}, 200, 'update keep under load: 200');
-    is($r->{json}{kept}, 32, 'all 32 kept');
+    # the first streams may have finished while the last ones started
+    my $kept = $r->{json}{kept} // 0;
+    cmp_ok($kept, '>=', 16, "most of them kept ($kept)");
     @c = map { last_choice($t->bg_wait($_, 60)) } @h;
     is(scalar(grep { ($_->{finish_reason} // '') eq 'length' } @c), 32,
        'every stream goes on to its length');
+    my $spans = 0;
+    for my $c (@c) {
+        my $v = $c->{weight_versions} // [];
+        $spans++ if @$v == 2 && $v->[0]{version} eq 'B2' && $v->[1]{version} eq 'A3'
+                    && $v->[0]{start} == 0 && $v->[0]{end} == $v->[1]{start}
+                    && $v->[1]{end} == 500 && $v->[0]{end} > 0
+                    && $c->{weight_version} eq 'B2';
+    }
+    is($spans, $kept, 'each kept one names two version spans: B2 up to the '
+       . 'swap, A3 after');
+    ok(!exists choice($t->generate($q))->{weight_versions},
+       'a request that ran on one version has no spans');
     is(metric('maskserve_weight_updates_total'), 4, 'metrics: four updates');
 }
 

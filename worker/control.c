@@ -355,7 +355,22 @@ msv_update_poll(struct msv_control *k)
         return -1;
     }
     if (u->mode == MSV_PAUSE_KEEP) {
+        uint32_t          i;
+        struct msv_slot  *sl;
+
         n = k->s->n_active;
+
+        /* where each kept request's tokens change version (the first
+         * change only: readers know two versions) */
+        for (i = 0; i < k->s->n_slots; i++) {
+            if (k->s->seqs[i].phase == MSV_SEQ_IDLE) {
+                continue;
+            }
+            sl = msv_slot_at(k->c, i);
+            if (sl->weight_pos == UINT32_MAX) {
+                sl->weight_pos = k->s->seqs[i].n_out;
+            }
+        }
     }
 
     k->s->ops->commit_weights(k->s->be, u->staged);
