@@ -1310,6 +1310,10 @@ static ngx_http_maskserve_metric_t  ngx_http_maskserve_metrics[] = {
       "prompt tokens computed (not found in the prefix cache)" },
     { "maskserve_steps_total", "counter",
       "model steps run" },
+    { "maskserve_step_duration_seconds", "histogram",
+      "time of a model step (admission, forward, sampling, publication)" },
+    { "maskserve_step_batch_sequences", "histogram",
+      "sequences in a model step" },
     { "maskserve_kv_used_pages", "gauge",
       "KV pages held by sequences" },
     { "maskserve_kv_cached_pages", "gauge",
@@ -1369,10 +1373,10 @@ ngx_http_maskserve_metrics_handler(ngx_http_request_t *r)
 
     n = ngx_http_maskserve_loc_nregions(mcf, lcf);
 
-    /* per family: its header, then at most 8 samples per worker */
+    /* per family: its header, then at most 16 samples per worker */
     len = 0;
     for (m = 0; ngx_http_maskserve_metrics[m].name; m++) {
-        len += 256 + n * 8 * NGX_HTTP_MASKSERVE_METRIC_LINE;
+        len += 256 + n * 16 * NGX_HTTP_MASKSERVE_METRIC_LINE;
     }
 
     b = ngx_create_temp_buf(r->pool, len);
@@ -1461,6 +1465,38 @@ ngx_http_maskserve_metrics_region(u_char *p, ngx_http_maskserve_region_t *rg,
             ? msv_load(weight_update_ms) : msv_load(weight_pause_ms);
         return ngx_sprintf(p, "%s{worker=\"%V\"} %.3f\n", name, w,
                            (double) v / 1000);
+    }
+
+    if (ngx_strcmp(name, "maskserve_step_duration_seconds") == 0) {
+        static const char  *le[MSV_STEP_BUCKETS] = {
+            "0.001", "0.002", "0.005", "0.01", "0.02", "0.05", "0.1", "0.2",
+            "0.5", "1", "2", "+Inf"
+        };
+
+        for (k = 0, v = 0; k < MSV_STEP_BUCKETS; k++) {
+            v += msv_load(step_hist[k]);
+            p = ngx_sprintf(p, "%s_bucket{worker=\"%V\",le=\"%s\"} %uL\n",
+                            name, w, le[k], v);
+        }
+        p = ngx_sprintf(p, "%s_sum{worker=\"%V\"} %.6f\n", name, w,
+                        (double) msv_load(step_us_sum) / 1e6);
+        return ngx_sprintf(p, "%s_count{worker=\"%V\"} %uL\n", name, w, v);
+    }
+
+    if (ngx_strcmp(name, "maskserve_step_batch_sequences") == 0) {
+        for (k = 0, v = 0; k < MSV_BATCH_BUCKETS; k++) {
+            v += msv_load(batch_hist[k]);
+            if (k < MSV_BATCH_BUCKETS - 1) {
+                p = ngx_sprintf(p, "%s_bucket{worker=\"%V\",le=\"%ui\"} "
+                                "%uL\n", name, w, (ngx_uint_t) 1 << k, v);
+            } else {
+                p = ngx_sprintf(p, "%s_bucket{worker=\"%V\",le=\"+Inf\"} "
+                                "%uL\n", name, w, v);
+            }
+        }
+        p = ngx_sprintf(p, "%s_sum{worker=\"%V\"} %uL\n", name, w,
+                        msv_load(batch_sum));
+        return ngx_sprintf(p, "%s_count{worker=\"%V\"} %uL\n", name, w, v);
     }
 
     if (ngx_strcmp(name, "maskserve_requests_finished_total") == 0) {

@@ -76,6 +76,12 @@ extern "C" {
 #define MSV_CMD_MSG_MAX      256     /* a command's message, with the NUL */
 #define MSV_CMD_PATH_MAX     1024    /* a command's path, with the NUL */
 
+/* histogram buckets of the control page (upper bounds, the last +Inf) */
+#define MSV_STEP_BUCKETS     12      /* step time: 1 2 5 10 20 50 100 200
+                                        500 1000 2000 ms, +Inf */
+#define MSV_BATCH_BUCKETS    10      /* sequences a step: 1 2 4 ... 256,
+                                        +Inf */
+
 #define MSV_REC_ALIGN        16      /* records start on 16-byte bounds */
 #define MSV_ROW_ALIGN        8       /* rows inside a record, 8 bytes */
 
@@ -244,6 +250,12 @@ struct msv_ctrl {
     MSV_ATOMIC(uint64_t) weight_update_failures;
     MSV_ATOMIC(uint64_t) weight_update_ms;    /* the last one's duration */
     MSV_ATOMIC(uint64_t) weight_pause_ms;     /* of that, with no step */
+
+    /* steps that ran the model: time and sequences, not cumulative */
+    MSV_ATOMIC(uint64_t) step_hist[MSV_STEP_BUCKETS];
+    MSV_ATOMIC(uint64_t) step_us_sum;
+    MSV_ATOMIC(uint64_t) batch_hist[MSV_BATCH_BUCKETS];
+    MSV_ATOMIC(uint64_t) batch_sum;
 
     /* the control channel: one command at a time (see struct msv_cmd) */
     struct msv_cmd        cmd;

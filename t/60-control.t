@@ -106,13 +106,16 @@ sub metrics {
     my (%type, %v, @bad);
     for my $l (split /\n/, $r->{content}) {
         if ($l =~ /^# HELP (maskserve_[a-z_]+) \S/) { next }
-        if ($l =~ /^# TYPE (maskserve_[a-z_]+) (counter|gauge)$/) {
-            push @bad, "TYPE twice: $l" if $type{$1}++;
+        if ($l =~ /^# TYPE (maskserve_[a-z_]+) (counter|gauge|histogram)$/) {
+            push @bad, "TYPE twice: $l" if $type{$1};
+            $type{$1} = $2;
             next;
         }
         if ($l =~ /^(maskserve_[a-z_]+)(\{(?:[a-z_]+="[^"\\\n]*",?)*\})? (-?[0-9]+(?:\.[0-9]+)?)$/) {
             my ($n, $lab, $val) = ($1, $2 // '', $3);
-            push @bad, "undeclared family: $l" unless $type{$n};
+            (my $fam = $n) =~ s/_(bucket|sum|count)$//;
+            push @bad, "undeclared family: $l"
+                unless $type{$n} || ($type{$fam} // '') eq 'histogram';
             push @bad, "counter name without _total: $l"
                 if $type{$n} && $n !~ /_total$/ && $r->{content} =~ /^# TYPE \Q$n\E counter$/m;
             $lab =~ s/worker="[^"]*",?//;
@@ -159,6 +162,22 @@ sub metrics {
     ok($m->{maskserve_kv_free_pages} + $m->{maskserve_kv_cached_pages} > 0,
        'free and cached pages');
     ok($d->('maskserve_steps_total') >= 6, 'steps counted');
+    for my $h (qw(maskserve_step_duration_seconds maskserve_step_batch_sequences)) {
+        my @b = map { $m->{$_} } sort { my ($x) = $a =~ /le="([^"]+)"/;
+                                          my ($y) = $b =~ /le="([^"]+)"/;
+                                          ($x eq '+Inf' ? 1e99 : $x) <=> ($y eq '+Inf' ? 1e99 : $y) }
+                      grep { /^${h}_bucket\{le=/ } keys %$m;
+        ok(@b >= 10, "$h: buckets");
+        is(scalar(grep { $b[$_] < $b[$_ - 1] } 1 .. $#b), 0, "$h: cumulative");
+        is($b[-1], $m->{"${h}_count"}, "$h: +Inf equals the count");
+        is($m->{"${h}_count"}, $m->{maskserve_steps_total}, "$h: one per step");
+    }
+    # every step of the workload ran one sequence (one request at a time)
+    is($m->{'maskserve_step_batch_sequences_bucket{le="1"}'}
+       - ($m0->{'maskserve_step_batch_sequences_bucket{le="1"}'} // 0),
+       $d->('maskserve_steps_total'), 'the workload: batches of one');
+    is($d->('maskserve_step_batch_sequences_sum'), $d->('maskserve_steps_total'),
+       'batch size sum');
 }
 
 # ---------------------------------------------------------------- pause

@@ -940,16 +940,40 @@ msv_sched_publish(struct msv_sched *s)
 }
 
 
+/* A step that ran the model, into the control page's histograms. */
+static void
+msv_sched_histograms(struct msv_sched *s, uint64_t ns, uint32_t nb)
+{
+    uint32_t   i;
+    uint64_t   us = ns / 1000;
+
+    static const uint64_t  le_us[MSV_STEP_BUCKETS - 1] = {
+        1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000,
+        1000000, 2000000
+    };
+
+    for (i = 0; i < MSV_STEP_BUCKETS - 1 && us > le_us[i]; i++) { }
+    atomic_fetch_add_explicit(&s->c->step_hist[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->c->step_us_sum, us, memory_order_relaxed);
+
+    for (i = 0; i < MSV_BATCH_BUCKETS - 1 && nb > (1u << i); i++) { }
+    atomic_fetch_add_explicit(&s->c->batch_hist[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->c->batch_sum, nb, memory_order_relaxed);
+}
+
+
 int
 msv_sched_step(struct msv_sched *s)
 {
     int              did;
+    uint64_t         t0;
     uint32_t         i, nb, ns, ntok, budget, take;
     struct msv_seq  *q;
     struct msv_slot *sl;
     struct msv_batch b;
 
     did = 0;
+    t0 = msv_now_ns();
     s->step++;
     msv_ring_begin(s->prod, s->step);
 
@@ -1089,6 +1113,7 @@ msv_sched_step(struct msv_sched *s)
         }
 
         atomic_fetch_add_explicit(&s->c->steps, 1, memory_order_relaxed);
+        msv_sched_histograms(s, msv_now_ns() - t0, nb);
     }
 
     msv_ring_end(s->prod);
