@@ -25,6 +25,7 @@
 #include "ngx_http_maskserve_stream.h"
 #include "ngx_http_maskserve_generate.h"
 #include "ngx_http_maskserve_admin.h"
+#include "ngx_http_maskserve_control.h"
 #include "ngx_http_maskserve_redis.h"
 
 
@@ -189,6 +190,12 @@ ngx_http_maskserve_abort_local_id(ngx_str_t *id)
     mcf = ngx_http_maskserve_process_conf();
 
     if (mcf == NULL || !mcf->running) {
+        return;
+    }
+
+    /* "*" is no request id: abort_requests with all_hosts, for all */
+    if (id->len == 1 && id->data[0] == '*') {
+        ngx_http_maskserve_abort_all_local(mcf);
         return;
     }
 

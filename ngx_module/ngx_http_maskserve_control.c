@@ -32,6 +32,7 @@
 #include "ngx_http_maskserve_attach.h"
 #include "ngx_http_maskserve_generate.h"
 #include "ngx_http_maskserve_control.h"
+#include "ngx_http_maskserve_redis.h"
 
 
 /* how often a waiting command looks at the mailboxes (ms) */
@@ -942,16 +943,57 @@ ngx_http_maskserve_abort_requests_body(ngx_http_request_t *r)
     ngx_http_maskserve_loc_conf_t   *lcf;
     ngx_http_maskserve_main_conf_t  *mcf;
     u_char                          *hit;
+    yajl_val                         ah;
+    ngx_uint_t                       hosts;
+    ngx_str_t                        star = ngx_string("*"), one;
     static const char               *path[] = { "request_ids", NULL };
+    static const char               *hpath[] = { "all_hosts", NULL };
 
     ngx_memzero(&err, sizeof(ngx_http_maskserve_err_t));
 
     v = ngx_http_maskserve_ctl_json(r, &err);
-    if (v == NULL
-        || ngx_http_maskserve_ctl_only(r, v, "request_ids", &err) != NGX_OK)
-    {
+    if (v == NULL) {
         ngx_http_maskserve_ctl_fail(r, &err);
         return;
+    }
+
+    for (j = 0; j < v->u.object.len; j++) {
+        if (ngx_strcmp(v->u.object.keys[j], "request_ids") != 0
+            && ngx_strcmp(v->u.object.keys[j], "all_hosts") != 0)
+        {
+            (void) ngx_http_maskserve_ctl_only(r, v, NULL, &err);
+            ngx_http_maskserve_ctl_fail(r, &err);
+            return;
+        }
+    }
+
+    mcf = ngx_http_get_module_main_conf(r, ngx_http_maskserve_module);
+
+    ah = yajl_tree_get(v, hpath, yajl_t_any);
+    hosts = 0;
+
+    if (ah != NULL && !YAJL_IS_NULL(ah)) {
+        if (!YAJL_IS_TRUE(ah) && !YAJL_IS_FALSE(ah)) {
+            ngx_http_maskserve_error(&err, NGX_HTTP_BAD_REQUEST,
+                                     NGX_HTTP_MASKSERVE_INVALID, "all_hosts",
+                                     "all_hosts must be a boolean");
+            ngx_http_maskserve_ctl_fail(r, &err);
+            return;
+        }
+
+        hosts = YAJL_IS_TRUE(ah);
+
+        if (hosts && (!mcf->redis_on
+                      || !ngx_http_maskserve_redis_connected()))
+        {
+            ngx_http_maskserve_error(&err, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                     NGX_HTTP_MASKSERVE_OVERLOAD,
+                                     "all_hosts",
+                                     "all_hosts needs Redis (maskserve_redis),"
+                                     " which is not connected");
+            ngx_http_maskserve_ctl_fail(r, &err);
+            return;
+        }
     }
 
     ids = yajl_tree_get(v, path, yajl_t_any);
@@ -992,7 +1034,6 @@ ngx_http_maskserve_abort_requests_body(ngx_http_request_t *r)
     all = (nids == 0);
 
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_maskserve_module);
-    mcf = ngx_http_get_module_main_conf(r, ngx_http_maskserve_module);
 
     n = ngx_http_maskserve_loc_nregions(mcf, lcf);
 
@@ -1102,7 +1143,20 @@ ngx_http_maskserve_abort_requests_body(ngx_http_request_t *r)
                       nfound);
     }
 
-    len = 64;
+    /* every other host: the ids not found here, or "*" for all */
+    if (hosts && all) {
+        ngx_http_maskserve_redis_publish_abort(&star);
+    }
+
+    for (j = 0; hosts && j < nids; j++) {
+        if (!hit[j]) {
+            one.data = (u_char *) ids->u.array.values[j]->u.string;
+            one.len = ngx_strlen(one.data);
+            ngx_http_maskserve_redis_publish_abort(&one);
+        }
+    }
+
+    len = 96;
     for (j = 0; j < nfound; j++) {
         len += found[j].len + 3;
     }
@@ -1134,11 +1188,63 @@ ngx_http_maskserve_abort_requests_body(ngx_http_request_t *r)
                         ids->u.array.values[j]->u.string);
     }
 
-    p = ngx_cpymem(p, "]}\n", 3);
+    p = ngx_sprintf(p, "],\"all_hosts\":%s}\n", hosts ? "true" : "false");
     b->last = p;
 
     ngx_http_finalize_request(r,
                               ngx_http_maskserve_send_json(r, NGX_HTTP_OK, b));
+}
+
+
+ngx_uint_t
+ngx_http_maskserve_abort_all_local(ngx_http_maskserve_main_conf_t *mcf)
+{
+    uint32_t                      st, i;
+    uint64_t                      ck;
+    ngx_uint_t                    k, n, kick;
+    struct msv_ctrl              *c;
+    ngx_http_maskserve_region_t  *rg;
+
+    n = 0;
+
+    for (k = 0; k < mcf->regions.nelts; k++) {
+        rg = ngx_http_maskserve_region(mcf, k);
+
+        if (!rg->attached) {
+            continue;
+        }
+
+        c = rg->att.rg.ctrl;
+        kick = 0;
+
+        for (i = 0; i < c->n_slots; i++) {
+            st = msv_slot_state(c, i);
+
+            if (st != MSV_SLOT_SUBMITTED && st != MSV_SLOT_RUNNING) {
+                continue;
+            }
+
+            ck = msv_slot_at(c, i)->cookie;
+            if (msv_slot_state(c, i) != st) {
+                continue;
+            }
+
+            msv_slot_cancel(c, i, ck);
+            kick = 1;
+            n++;
+        }
+
+        if (kick) {
+            msv_kick(rg->att.kick_fd);
+        }
+    }
+
+    if (n) {
+        ngx_log_error(NGX_LOG_INFO, mcf->log, 0, "maskserve: %ui requests "
+                      "aborted by abort_requests of another host", n);
+    }
+
+    return n;
 }
 
 

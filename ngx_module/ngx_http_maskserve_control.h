@@ -12,6 +12,8 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+#include "ngx_http_maskserve_module.h"
+
 
 /* POST /inference/v1/pause {"mode": "abort" | "wait" | "keep"} */
 ngx_int_t ngx_http_maskserve_pause_handler(ngx_http_request_t *r);
@@ -28,6 +30,14 @@ ngx_int_t ngx_http_maskserve_flush_cache_handler(ngx_http_request_t *r);
 
 /* POST /inference/v1/abort_requests {"request_ids": [...]} */
 ngx_int_t ngx_http_maskserve_abort_requests_handler(ngx_http_request_t *r);
+
+/*
+ * Cancel every request in flight in every region this process attached
+ * (the Redis abort channel's "*", from abort_requests with all_hosts).
+ * Returns how many slots were cancelled.
+ */
+ngx_uint_t ngx_http_maskserve_abort_all_local(
+    ngx_http_maskserve_main_conf_t *mcf);
 
 /* GET /v1/models */
 ngx_int_t ngx_http_maskserve_models_handler(ngx_http_request_t *r);

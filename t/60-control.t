@@ -337,6 +337,48 @@ sub metrics {
     }
 }
 
+# ---------------------------------------------------------------- other hosts
+
+# a second nginx, same Redis, that does not see the worker's region:
+# all_hosts reaches the requests of this host through the abort channel
+{
+    my $t2 = MsvTest->new(redis_port => $t->{redis_port});
+    $t2->start_nginx(processes => 1, workers => ["t60-absent-$$"],
+                     no_wait_ready => 1, server => <<'EOF');
+        location = /inference/v1/abort_requests {
+            maskserve_abort_requests;
+        }
+EOF
+    ok(MsvTest::wait_for(sub { (($t2->health // {})->{redis} // '') eq 'up' }, 10),
+       'second nginx: redis up');
+    my @h = map { $t->bg('stream', req("h$_", 3000)) } 1 .. 3;
+    $t->bg_started($_, 20) for @h;
+
+    my $r = $t2->post('/inference/v1/abort_requests', { request_ids => ['h2'] });
+    is($r->{json}{aborted}, 0, 'without all_hosts the other host is not reached');
+    is_deeply($r->{json}{not_found}, ['h2'], 'h2 not found there');
+    is(wstate()->{slots_running}, 3, 'all three still run');
+
+    $r = $t2->post('/inference/v1/abort_requests',
+                   { request_ids => ['h2'], all_hosts => $true });
+    is($r->{status}, 200, 'all_hosts with a list: 200');
+    is($r->{json}{all_hosts}, $true, 'all_hosts true');
+    my $c = last_choice($t->bg_wait($h[1], 20));
+    is($c && $c->{finish_reason}, 'abort', 'h2 aborted from the other host');
+    is(wstate()->{slots_running}, 2, 'the other two still run');
+
+    $r = $t2->post('/inference/v1/abort_requests', { all_hosts => $true });
+    is($r->{status}, 200, 'all_hosts for all: 200');
+    my @c = map { last_choice($t->bg_wait($h[$_], 20)) } 0, 2;
+    is(scalar(grep { $_ && $_->{finish_reason} eq 'abort' } @c), 2,
+       'h1 and h3 aborted from the other host');
+
+    $r = $t2->post('/inference/v1/abort_requests', { all_hosts => 1 });
+    is($r->{status}, 400, 'all_hosts not a boolean: 400');
+    is($r->{json}{error}{param}, 'all_hosts', 'naming all_hosts');
+    $t2->stop_nginx;
+}
+
 # ---------------------------------------------------------------- flush
 
 {
@@ -377,8 +419,8 @@ sub metrics {
     my $m = metrics();
     is($m->{'maskserve_requests_aborted_total{reason="paused"}'}, 8,
        'metrics: eight aborted by the pause');
-    is($m->{'maskserve_requests_aborted_total{reason="cancelled"}'}, 4,
-       'metrics: four cancelled by abort_requests');
+    is($m->{'maskserve_requests_aborted_total{reason="cancelled"}'}, 7,
+       'metrics: seven cancelled by abort_requests');
 }
 
 done_testing;
