@@ -35,8 +35,11 @@
 #include "ngx_http_maskserve_redis.h"
 
 
-/* how often a waiting command looks at the mailboxes (ms) */
+/* how often a waiting command looks at the mailboxes (ms): often at
+ * first (most commands take a step or two), then less (a pause that
+ * waits for long requests, a large update) */
 #define NGX_HTTP_MASKSERVE_CMD_POLL   2
+#define NGX_HTTP_MASKSERVE_CMD_SLOW   20
 
 /* the largest control body read (bytes) */
 #define NGX_HTTP_MASKSERVE_CTL_BODY   (1024 * 1024)
@@ -755,7 +758,9 @@ ngx_http_maskserve_cmd_poll(ngx_event_t *ev)
     }
 
     if (cctx->waiting > 0) {
-        ngx_add_timer(&cctx->timer, NGX_HTTP_MASKSERVE_CMD_POLL);
+        ngx_add_timer(&cctx->timer, ngx_current_msec - cctx->start < 200
+                                    ? NGX_HTTP_MASKSERVE_CMD_POLL
+                                    : NGX_HTTP_MASKSERVE_CMD_SLOW);
         return;
     }
 
