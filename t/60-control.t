@@ -287,6 +287,21 @@ sub metrics {
     is(wstate()->{pause_state}, 'paused', '/health: paused');
     is(post('resume')->{json}{resumed}, $true, 'resume after wait');
 
+    # a client that goes away does not cancel its command: the pause
+    # still completes and the channel is free again after it
+    @h = map { $t->bg('stream', req("g$_", 600)) } 1 .. 2;
+    $t->bg_started($_, 20) for @h;
+    my $sock = $t->raw_post('/inference/v1/pause', { mode => 'wait' });
+    ok(MsvTest::wait_for(sub { wstate()->{pause_state} eq 'pausing' }, 10),
+       'client gone: pausing');
+    close $sock;
+    @res = map { $t->bg_wait($_, 60) } @h;
+    ok(MsvTest::wait_for(sub { wstate()->{pause_state} eq 'paused' }, 10),
+       'client gone: paused once they finished');
+    $r = post('resume');
+    is($r->{status}, 200, 'client gone: the channel is free, resume 200');
+    is($r->{json}{resumed}, $true, 'resumed');
+
     # bad bodies
     $r = post('pause', { mode => 'later' });
     is($r->{status}, 400, 'unknown mode: 400');
