@@ -51,6 +51,8 @@ ok($st && $st->{state} eq 'ready', 'worker ready') or do {
 };
 my $V = $st->{vocab_size};
 diag("vocab $V, backend $st->{backend}");
+is($st->{weight_version}, '0', '--stats: weight_version 0 by default');
+is($st->{paused}, 0, '--stats: not paused');
 
 # 64 requests: modes x sampling settings, some seeded twins
 my @modes = (
@@ -247,5 +249,12 @@ kill 'TERM', $pid;
 waitpid($pid, 0);
 is($? >> 8, 0, 'worker exits 0 on SIGTERM');
 ok(!-e "/dev/shm/$shm", 'region unlinked');
+
+# --weight-version: a string responses can carry as it is
+for my $bad ('', 'a"b', 'x' x 65) {
+    my $err = `$bin/maskserve-worker --dummy tiny --shm t05-wv-$$ --weight-version '$bad' 2>&1 >/dev/null`;
+    ok(($? >> 8) == 2 && $err =~ /^maskserve-worker: --weight-version: / && $err =~ tr/\n// == 1,
+       "--weight-version '" . substr($bad, 0, 8) . "': exit 2, one line naming it");
+}
 
 done_testing();
