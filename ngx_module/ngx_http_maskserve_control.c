@@ -1425,6 +1425,10 @@ static ngx_http_maskserve_metric_t  ngx_http_maskserve_metrics[] = {
       "time of a model step (admission, forward, sampling, publication)" },
     { "maskserve_step_batch_sequences", "histogram",
       "sequences in a model step" },
+    { "maskserve_rows_total", "counter",
+      "rows published (one per token, and abort rows), by mask mode" },
+    { "maskserve_row_bytes_total", "counter",
+      "bytes of those rows in the ring (masks, logprobs), by mask mode" },
     { "maskserve_kv_used_pages", "gauge",
       "KV pages held by sequences" },
     { "maskserve_kv_cached_pages", "gauge",
@@ -1614,6 +1618,21 @@ ngx_http_maskserve_metrics_region(u_char *p, ngx_http_maskserve_region_t *rg,
         for (k = 1; k < 4; k++) {
             p = ngx_sprintf(p, "%s{worker=\"%V\",reason=\"%s\"} %uL\n", name,
                             w, finish[k], msv_load(finished[k]));
+        }
+        return p;
+    }
+
+    if (ngx_strcmp(name, "maskserve_rows_total") == 0
+        || ngx_strcmp(name, "maskserve_row_bytes_total") == 0)
+    {
+        static const char  *mode[] = { "off", "selected", "support" };
+
+        for (k = 0; k < 3; k++) {
+            p = ngx_sprintf(p, "%s{worker=\"%V\",mode=\"%s\"} %uL\n", name,
+                            w, mode[k],
+                            ngx_strcmp(name, "maskserve_rows_total") == 0
+                            ? msv_load(rows_by_mode[k])
+                            : msv_load(row_bytes_by_mode[k]));
         }
         return p;
     }

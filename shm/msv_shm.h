@@ -257,6 +257,10 @@ struct msv_ctrl {
     MSV_ATOMIC(uint64_t) batch_hist[MSV_BATCH_BUCKETS];
     MSV_ATOMIC(uint64_t) batch_sum;
 
+    /* rows published, and their bytes, by enum msv_mask_mode */
+    MSV_ATOMIC(uint64_t) rows_by_mode[4];
+    MSV_ATOMIC(uint64_t) row_bytes_by_mode[4];
+
     /* the control channel: one command at a time (see struct msv_cmd) */
     struct msv_cmd        cmd;
 

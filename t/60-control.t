@@ -155,6 +155,11 @@ sub metrics {
     is($d->('maskserve_requests_finished_total{reason="abort"}'), 0, 'abort +0');
     is($d->('maskserve_generation_tokens_total'), 6 * $n, 'generation tokens');
     is($d->('maskserve_prompt_tokens_total'), $ptok, 'prompt tokens');
+    is($d->('maskserve_rows_total{mode="selected"}'), 6 * $n,
+       'rows: one per token, mode selected');
+    is($d->('maskserve_rows_total{mode="support"}'), 0, 'no support rows');
+    cmp_ok($d->('maskserve_row_bytes_total{mode="selected"}'), '>=', 6 * $n * 56,
+           'row bytes: at least a header and one id and logprob each');
     is($m->{maskserve_requests_running}, 0, 'nothing running');
     is($m->{maskserve_slots_in_use}, 0, 'no slot in use');
     is($m->{maskserve_kv_used_pages}, 0, 'no KV page used');

@@ -213,6 +213,17 @@ msv_sched_pending(struct msv_sched *s)
 }
 
 
+/* A row published, into the control page's counters by mask mode. */
+static void
+msv_sched_count_row(struct msv_sched *s, uint32_t mode, uint32_t bytes)
+{
+    atomic_fetch_add_explicit(&s->c->rows_by_mode[mode & 3], 1,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->c->row_bytes_by_mode[mode & 3], bytes,
+                              memory_order_relaxed);
+}
+
+
 /* Write one row into the open record.  0, or -1 if the ring gave up. */
 static int
 msv_sched_row(struct msv_sched *s, uint32_t slot, uint64_t cookie,
@@ -276,6 +287,7 @@ msv_sched_row(struct msv_sched *s, uint32_t slot, uint64_t cookie,
     memset(p, 0, (uint8_t *) w + bytes - p);
 
     msv_ring_commit(s->prod, bytes, 1);
+    msv_sched_count_row(s, mode, bytes);
     return 0;
 }
 
@@ -906,6 +918,7 @@ msv_sched_sample_device(struct msv_sched *s, uint32_t ns)
             struct msv_row  *row = (struct msv_row *) p;
 
             msv_sched_take_row(s, &s->seqs[s->b_order[k]], &s->sres[k], row);
+            msv_sched_count_row(s, row->mode, row->bytes);
             p += row->bytes;
         }
         msv_ring_commit(s->prod, bytes, j - i);
