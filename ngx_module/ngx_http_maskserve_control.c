@@ -828,6 +828,7 @@ ngx_http_maskserve_cmd_answer(ngx_http_maskserve_cmd_ctx_t *cctx)
                 cr->state < 0 ? NGX_HTTP_SERVICE_UNAVAILABLE
                 : cr->res.status == -EINVAL ? NGX_HTTP_BAD_REQUEST
                 : cr->res.status == -ENOTSUP ? NGX_HTTP_NOT_IMPLEMENTED
+                : cr->res.status == -EBUSY ? NGX_HTTP_CONFLICT
                 : NGX_HTTP_INTERNAL_SERVER_ERROR,
                 cr->state >= 0 && cr->res.status == -EINVAL
                 ? NGX_HTTP_MASKSERVE_INVALID : NGX_HTTP_MASKSERVE_SERVER,

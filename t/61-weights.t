@@ -104,6 +104,14 @@ $t->start_nginx(workers => [$w->{name}], server => <<"EOF");
             maskserve_update_weights;
         }
 
+        location = /inference/v1/pause {
+            maskserve_pause;
+        }
+
+        location = /inference/v1/resume {
+            maskserve_resume;
+        }
+
         location = /denied/update {
             deny all;
             maskserve_update_weights;
@@ -298,6 +306,23 @@ sub last_choice {
     ok(!exists choice($t->generate($q))->{weight_versions},
        'a request that ran on one version has no spans');
     is(metric('maskserve_weight_updates_total'), 4, 'metrics: four updates');
+
+    # paused with requests kept in place: wait could never end, keep does
+    @h = streams('pk', 2, 400);
+    $r = $t->post('/inference/v1/pause', { mode => 'keep' });
+    is($r->{json}{kept}, 2, 'paused with two kept');
+    $r = update(model_path => $B, weight_version => 'B4', mode => 'wait');
+    is($r->{status}, 409, 'update wait while they are kept: 409');
+    like($r->{json}{error}{message}, qr/kept in place/, 'saying why');
+    is(wstate()->{weight_version}, 'A3', 'nothing changed');
+    $r = update(model_path => $B, weight_version => 'B4', mode => 'keep');
+    is($r->{status}, 200, 'update keep while paused: 200');
+    is(wstate()->{pause_state}, 'paused', 'still paused after it');
+    is($t->post('/inference/v1/resume', {})->{json}{resumed}, JSON::PP::true, 'resume');
+    @c = map { last_choice($t->bg_wait($_, 60)) } @h;
+    is(scalar(grep { ($_->{finish_reason} // '') eq 'length'
+                     && @{ $_->{weight_versions} // [] } == 2 } @c), 2,
+       'the kept ones finish, with two version spans');
 }
 
 done_testing;

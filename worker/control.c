@@ -276,6 +276,16 @@ msv_update_start(struct msv_control *k, uint32_t mode)
         return;
     }
 
+    if (mode == MSV_PAUSE_WAIT && k->s->hold == MSV_HOLD_ALL
+        && k->s->n_active > 0)
+    {
+        /* paused with requests kept in place: they would never finish */
+        msv_cmd_done(k->c, -EBUSY, 0, was, "the worker is paused with "
+                     "requests kept in place, which cannot finish: resume "
+                     "first, or use mode keep or abort");
+        return;
+    }
+
     memcpy(u->path, k->c->cmd.path, sizeof(u->path));
     u->path[sizeof(u->path) - 1] = '\0';
     memcpy(u->version, k->c->cmd.version, sizeof(u->version));
