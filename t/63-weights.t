@@ -308,9 +308,11 @@ sub last_choice {
     is(metric('maskserve_weight_updates_total'), 4, 'metrics: four updates');
 
     # paused with requests kept in place: wait could never end, keep does
-    @h = streams('pk', 2, 400);
+    @h = streams('pk', 4, 500);
     $r = $t->post('/inference/v1/pause', { mode => 'keep' });
-    is($r->{json}{kept}, 2, 'paused with two kept');
+    # the first streams may have finished while the last ones started
+    $kept = $r->{json}{kept} // 0;
+    cmp_ok($kept, '>=', 1, "paused with requests kept ($kept)");
     $r = update(model_path => $B, weight_version => 'B4', mode => 'wait');
     is($r->{status}, 409, 'update wait while they are kept: 409');
     like($r->{json}{error}{message}, qr/kept in place/, 'saying why');
@@ -320,9 +322,10 @@ sub last_choice {
     is(wstate()->{pause_state}, 'paused', 'still paused after it');
     is($t->post('/inference/v1/resume', {})->{json}{resumed}, JSON::PP::true, 'resume');
     @c = map { last_choice($t->bg_wait($_, 60)) } @h;
-    is(scalar(grep { ($_->{finish_reason} // '') eq 'length'
-                     && @{ $_->{weight_versions} // [] } == 2 } @c), 2,
-       'the kept ones finish, with two version spans');
+    is(scalar(grep { ($_->{finish_reason} // '') eq 'length' } @c), 4,
+       'they all finish');
+    is(scalar(grep { @{ $_->{weight_versions} // [] } == 2 } @c), $kept,
+       'the kept ones with two version spans');
 }
 
 done_testing;
