@@ -41,6 +41,8 @@ BENCH := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 
 .PHONY: all bins tests bench module deps test run clean
 
+include fuzz/fuzz.mk
+
 all: bins module
 
 bins: $(BINS) tests bench

@@ -1,0 +1,278 @@
+/*
+ * ngx_shim.c: the few nginx core functions the request parser calls,
+ * for fuzzing it outside nginx.  Debian's nginx-dev ships nginx's headers
+ * but not its core sources, so the parser (ngx_http_maskserve_parse.c,
+ * compiled unchanged against those headers) is linked with these instead.
+ *
+ * Every pool allocation is its own malloc, kept on the pool's `large`
+ * list, so that AddressSanitizer puts a red zone around each one: an
+ * overrun of a pool buffer is reported where nginx's real pool (which
+ * carves allocations out of big blocks) would let it pass silently.
+ */
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ngx_http_maskserve_module.h"
+#include "ngx_shim.h"
+
+
+ngx_pool_t *
+msv_shim_pool(void)
+{
+    ngx_pool_t  *p;
+
+    p = calloc(1, sizeof(ngx_pool_t));
+    if (p == NULL) {
+        abort();
+    }
+    return p;
+}
+
+
+void
+msv_shim_pool_free(ngx_pool_t *pool)
+{
+    ngx_pool_large_t    *l, *next;
+    ngx_pool_cleanup_t  *c;
+
+    for (c = pool->cleanup; c; c = c->next) {
+        if (c->handler) {
+            c->handler(c->data);
+        }
+    }
+
+    for (l = pool->large; l; l = next) {
+        next = l->next;
+        free(l->alloc);
+        free(l);
+    }
+
+    free(pool);
+}
+
+
+void *
+ngx_pnalloc(ngx_pool_t *pool, size_t size)
+{
+    ngx_pool_large_t  *l;
+
+    l = malloc(sizeof(ngx_pool_large_t));
+    if (l == NULL) {
+        return NULL;
+    }
+    /* malloc(0) may return NULL, which the caller would take for OOM */
+    l->alloc = malloc(size ? size : 1);
+    if (l->alloc == NULL) {
+        free(l);
+        return NULL;
+    }
+    l->next = pool->large;
+    pool->large = l;
+    return l->alloc;
+}
+
+
+void *
+ngx_palloc(ngx_pool_t *pool, size_t size)
+{
+    return ngx_pnalloc(pool, size);
+}
+
+
+void *
+ngx_pcalloc(ngx_pool_t *pool, size_t size)
+{
+    void  *p;
+
+    p = ngx_pnalloc(pool, size);
+    if (p) {
+        memset(p, 0, size);
+    }
+    return p;
+}
+
+
+ngx_pool_cleanup_t *
+ngx_pool_cleanup_add(ngx_pool_t *p, size_t size)
+{
+    ngx_pool_cleanup_t  *c;
+
+    c = ngx_palloc(p, sizeof(ngx_pool_cleanup_t));
+    if (c == NULL) {
+        return NULL;
+    }
+    c->data = size ? ngx_palloc(p, size) : NULL;
+    c->handler = NULL;
+    c->next = p->cleanup;
+    p->cleanup = c;
+    return c;
+}
+
+
+/* As nginx's: double the array, in the pool (never in place here). */
+void *
+ngx_array_push(ngx_array_t *a)
+{
+    void  *new;
+
+    if (a->nelts == a->nalloc) {
+        new = ngx_palloc(a->pool, 2 * a->size * a->nalloc);
+        if (new == NULL) {
+            return NULL;
+        }
+        memcpy(new, a->elts, a->size * a->nalloc);
+        a->elts = new;
+        a->nalloc *= 2;
+    }
+    return (u_char *) a->elts + a->size * a->nelts++;
+}
+
+
+ssize_t
+ngx_read_file(ngx_file_t *file, u_char *buf, size_t size, off_t offset)
+{
+    ssize_t  n;
+
+    n = pread(file->fd, buf, size, offset);
+    return n < 0 ? NGX_ERROR : n;
+}
+
+
+void
+ngx_log_error_core(ngx_uint_t level, ngx_log_t *log, ngx_err_t err,
+    const char *fmt, ...)
+{
+    u_char   buf[512];
+    va_list  args;
+
+    /* format it anyway: a bad argument list shows up under ASan */
+    va_start(args, fmt);
+    (void) ngx_vslprintf(buf, buf + sizeof(buf), fmt, args);
+    va_end(args);
+}
+
+
+/*
+ * The subset of nginx's formats the parser uses (%s %*s %V %d %D %uD %ui
+ * %i %L %uL %z %uz %c %%), with nginx's rule that nothing is written at
+ * or past `last`.  Unknown formats abort: a new one in the parser must be
+ * added here rather than be formatted wrongly.
+ */
+u_char *
+ngx_vslprintf(u_char *buf, u_char *last, const char *fmt, va_list args)
+{
+    char         tmp[64];
+    size_t       len, n;
+    ngx_uint_t   uns, star;
+    ngx_str_t   *v;
+    const char  *s;
+
+    while (*fmt && buf < last) {
+        if (*fmt != '%') {
+            *buf++ = (u_char) *fmt++;
+            continue;
+        }
+        fmt++;
+        uns = 0;
+        star = 0;
+        len = (size_t) -1;
+
+        for ( ;; ) {
+            if (*fmt == 'u') {
+                uns = 1;
+            } else if (*fmt == '*') {
+                star = 1;
+                len = va_arg(args, size_t);
+            } else {
+                break;
+            }
+            fmt++;
+        }
+
+        s = tmp;
+        switch (*fmt++) {
+        case 's':
+            s = va_arg(args, char *);
+            n = star ? len : strlen(s);
+            goto copy;
+        case 'V':
+            v = va_arg(args, ngx_str_t *);
+            s = (const char *) v->data;
+            n = v->len;
+            goto copy;
+        case 'c':
+            tmp[0] = (char) va_arg(args, int);
+            n = 1;
+            goto copy;
+        case '%':
+            tmp[0] = '%';
+            n = 1;
+            goto copy;
+        case 'd':
+            n = uns ? (size_t) snprintf(tmp, sizeof(tmp), "%u",
+                                        va_arg(args, unsigned))
+                    : (size_t) snprintf(tmp, sizeof(tmp), "%d",
+                                        va_arg(args, int));
+            goto copy;
+        case 'D':
+            n = uns ? (size_t) snprintf(tmp, sizeof(tmp), "%u",
+                                        va_arg(args, uint32_t))
+                    : (size_t) snprintf(tmp, sizeof(tmp), "%d",
+                                        va_arg(args, int32_t));
+            goto copy;
+        case 'i':
+            n = uns ? (size_t) snprintf(tmp, sizeof(tmp), "%lu",
+                                        (unsigned long) va_arg(args,
+                                                               ngx_uint_t))
+                    : (size_t) snprintf(tmp, sizeof(tmp), "%ld",
+                                        (long) va_arg(args, ngx_int_t));
+            goto copy;
+        case 'L':
+            n = uns ? (size_t) snprintf(tmp, sizeof(tmp), "%llu",
+                                        (unsigned long long) va_arg(args,
+                                                                  uint64_t))
+                    : (size_t) snprintf(tmp, sizeof(tmp), "%lld",
+                                        (long long) va_arg(args, int64_t));
+            goto copy;
+        case 'z':
+            n = uns ? (size_t) snprintf(tmp, sizeof(tmp), "%zu",
+                                        va_arg(args, size_t))
+                    : (size_t) snprintf(tmp, sizeof(tmp), "%zd",
+                                        va_arg(args, ssize_t));
+            goto copy;
+        default:
+            fprintf(stderr, "ngx_shim: format %%%c is not supported\n",
+                    fmt[-1]);
+            abort();
+        }
+
+    copy:
+        if (n > (size_t) (last - buf)) {
+            n = last - buf;
+        }
+        memcpy(buf, s, n);
+        buf += n;
+    }
+
+    return buf;
+}
+
+
+void
+ngx_http_maskserve_set_error(ngx_http_maskserve_err_t *err,
+    ngx_uint_t status, const char *type, const char *param, u_char *message,
+    size_t len)
+{
+    err->status = status;
+    err->type = type;
+    err->param = param;
+    err->message.data = message;
+    err->message.len = len;
+}
