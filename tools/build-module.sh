@@ -32,9 +32,19 @@ if [ ! -f "$NGX_SRC/conf_flags" ] || [ ! -x "$NGX_SRC/configure" ]; then
     exit 1
 fi
 
+# Extra compiler and linker options for the module (make test-asan
+# builds it with the sanitizers this way).
+extra=()
+if [ -n "${MSV_MODULE_CC_OPT:-}" ]; then
+    extra+=("--with-cc-opt=$MSV_MODULE_CC_OPT")
+fi
+if [ -n "${MSV_MODULE_LD_OPT:-}" ]; then
+    extra+=("--with-ld-opt=$MSV_MODULE_LD_OPT")
+fi
+
 # What configure depends on: the addon script, the list of sources it
-# globs, the distribution's flags and its version.
-stamp=$( (cat "$repo/config" "$NGX_SRC/conf_flags";
+# globs, the distribution's flags and its version, the extra options.
+stamp=$( (cat "$repo/config" "$NGX_SRC/conf_flags"; echo "${extra[*]:-}";
           cd "$repo" && ls shm/*.c shm/*.h ngx_module/*.c ngx_module/*.h;
           ls -l --time-style=+%s "$NGX_SRC/src/core/nginx.h") 2>/dev/null \
         | sha256sum | cut -d' ' -f1)
@@ -50,7 +60,8 @@ else
 
     cd "$out/src"
     . ./conf_flags
-    ./configure "${NGX_CONF_FLAGS[@]}" --add-dynamic-module="$repo" \
+    ./configure "${NGX_CONF_FLAGS[@]}" ${extra[@]+"${extra[@]}"} \
+        --add-dynamic-module="$repo" \
         > "$out/configure.log" 2>&1 \
         || { tail -n 30 "$out/configure.log" >&2;
              echo "$0: configure failed, see $out/configure.log" >&2;

@@ -123,12 +123,17 @@ main(void)
         r[i].n = o.n_support;
         r[i].ids = malloc((o.n_support + 1) * sizeof(int32_t));
         r[i].lps = malloc((o.n_support + 1) * sizeof(float));
-        memcpy(r[i].ids, o.ids, o.n_support * sizeof(int32_t));
-        if (r[i].p.mask_mode == MSV_MASK_SUPPORT) {
+        /* o.ids and o.top may be NULL when empty: memcpy wants neither */
+        if (o.n_support) {
+            memcpy(r[i].ids, o.ids, o.n_support * sizeof(int32_t));
+        }
+        if (r[i].p.mask_mode == MSV_MASK_SUPPORT && o.n_support) {
             memcpy(r[i].lps, o.lps, o.n_support * sizeof(float));
         }
         r[i].n_top = o.n_top;
-        memcpy(r[i].top, o.top, o.n_top * sizeof(struct msv_top));
+        if (o.n_top) {
+            memcpy(r[i].top, o.top, o.n_top * sizeof(struct msv_top));
+        }
     }
 
     for (ti = 0; ti < 4; ti++) {

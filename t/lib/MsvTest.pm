@@ -341,6 +341,22 @@ sub start_nginx {
     }, 30);
     die "MsvTest: nginx did not start:\n" . _tail($log) . _tail("$self->{dir}/error.log")
         unless $ok && $ok > 0;
+    # One process answering is not all of them: wait until every worker
+    # process has attached to every running worker region it serves, so
+    # that the next request does not find a process still attaching.
+    unless ($o{no_wait_ready}) {
+        my $n = $o{processes} // 2;
+        my @names = grep { $self->{workers}{$_} && $self->{workers}{$_}{pid} }
+                    @{ $o{workers} // [keys %{ $self->{workers} }] };
+        wait_for(sub {
+            my $el = $self->error_log;
+            for my $name (@names) {
+                my $k = () = $el =~ /attached to worker region "\Q$name\E"/g;
+                return 0 if $k < $n;
+            }
+            return 1;
+        }, 30);
+    }
     return $self->{nginx_pid};
 }
 
