@@ -1,0 +1,146 @@
+#!/usr/bin/perl
+# The worker paused and stopped under load, and the stack full:
+#   - SIGSTOP for 1 s (below the stall limit): every stream resumes and
+#     ends intact;
+#   - SIGSTOP for longer than the stall limit (3 s without a heartbeat):
+#     every request ends with an explicit error, none hangs; after SIGCONT
+#     the worker is attached again and serves;
+#   - SIGTERM (drain): running requests end with an explicit "shutting
+#     down" error and [DONE], the worker exits 0 within --drain-timeout
+#     and removes its region; new requests get 503 until it is back;
+#   - every slot taken: a burst of 16 more requests all get 503
+#     "overloaded" with Retry-After at once, and the running ones go on.
+
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use JSON::PP;
+use POSIX qw(:sys_wait_h);
+use Test::More;
+use Time::HiRes qw(time sleep);
+use MsvTest;
+
+my $STALL = 3;      # s without a heartbeat before nginx gives up
+
+my $t = MsvTest->new;
+my $w = $t->start_worker(slots => 16, max_model_len => 4096, threads => 1,
+                         args => ['--drain-timeout', 2]);
+$t->start_nginx(processes => 2);
+my $true = JSON::PP::true;
+my $V = $t->health->{workers}[0]{vocab_size};
+
+sub req {
+    my ($id, $max) = @_;
+    return { request_id => $id, token_ids => [3, 1, 4], return_sampling_mask => $true,
+             sampling_params => { max_tokens => $max, ignore_eos => $true,
+                                  top_k => 8, seed => length $id } };
+}
+
+sub intact {
+    my ($req, $r) = @_;
+    return 0 unless $r && $r->{status} == 200 && $r->{done} == 1 && !$r->{bad};
+    my $m = MsvTest::merge_events($r->{events}) or return 0;
+    my $c = $m->{choices}[0];
+    return !MsvTest::choice_problems($req, $c, $V)
+        && @{ $c->{token_ids} } == $req->{sampling_params}{max_tokens};
+}
+
+sub explicit_error {
+    my ($r) = @_;
+    return 0 unless $r && $r->{done} == 1;
+    my $e = $r->{events}[-1]{error};
+    return $e && $e->{type} && $e->{message} ? $e->{message} : 0;
+}
+
+sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
+
+# --- SIGSTOP below the stall limit
+{
+    my @reqs = map { req("stop1-$_", 150) } 1 .. 8;
+    my @bg = map { $t->bg(stream => $_) } @reqs;
+    $t->bg_started($_, 10) for @bg;
+    kill 'STOP', $w->{pid};
+    sleep 1;
+    kill 'CONT', $w->{pid};
+    my $n = grep { intact($reqs[$_], $t->bg_wait($bg[$_], 60)) } 0 .. $#bg;
+    is($n, 8, 'SIGSTOP for 1 s: all 8 streams resume and end intact');
+}
+
+# --- SIGSTOP above the stall limit
+{
+    my @reqs = map { req("stop2-$_", 3000) } 1 .. 8;
+    my @bg = map { $t->bg(stream => $_) } @reqs;
+    $t->bg_started($_, 10) for @bg;
+    my $t0 = time;
+    kill 'STOP', $w->{pid};
+    my @r = map { $t->bg_wait($_, $STALL + 10) } @bg;
+    my $dt = time - $t0;
+    kill 'CONT', $w->{pid};
+    my @msg = grep { $_ } map { explicit_error($_) } @r;
+    is(scalar @msg, 8, "SIGSTOP beyond ${STALL} s: all 8 streams end with an explicit error")
+        or diag(explain [map { $_ && $_->{events}[-1] } @r]);
+    diag("message: $msg[0]") if @msg;
+    cmp_ok($dt, '<', $STALL + 8, 'without hanging');
+    ok(MsvTest::wait_for(sub {
+        my $r = $t->generate({ token_ids => [1, 2], sampling_params => { max_tokens => 3 } });
+        $r->{status} == 200 && @{ $r->{json}{choices}[0]{token_ids} } == 3;
+    }, 20), 'after SIGCONT the worker serves again');
+    ok(MsvTest::wait_for(sub { defined in_use() && in_use() == 0 }, 20),
+       'and no slot is left in use');
+}
+
+# --- every slot taken: 503 at once, the running requests go on
+{
+    my @reqs = map { req("full-$_", 200) } 1 .. 16;
+    my @bg = map { $t->bg(stream => $_) } @reqs;
+    $t->bg_started($_, 10) for @bg;
+    ok(MsvTest::wait_for(sub { (in_use() // 0) == 16 }, 10), 'all 16 slots in use');
+    my $t0 = time;
+    my @extra = $t->parallel(map { [generate => { token_ids => [1],
+        sampling_params => { max_tokens => 2 } }] } 1 .. 16);
+    my $dt = time - $t0;
+    my $n503 = grep { $_->{status} == 503 && $_->{json}{error}{type} eq 'overloaded'
+                      && ($_->{headers}{'retry-after'} // '') eq '1' } @extra;
+    is($n503, 16, '16 more requests: all 503 overloaded with Retry-After');
+    cmp_ok($dt, '<', 10, 'answered at once, not queued');
+    my $n = grep { intact($reqs[$_], $t->bg_wait($bg[$_], 60)) } 0 .. $#bg;
+    is($n, 16, 'the 16 running streams end intact');
+}
+
+# --- SIGTERM: drain
+{
+    my @reqs = map { req("term-$_", 3000) } 1 .. 8;
+    my @bg = map { $t->bg(stream => $_) } @reqs;
+    $t->bg_started($_, 10) for @bg;
+    my $t0 = time;
+    kill 'TERM', $w->{pid};
+    my $st;
+    MsvTest::wait_for(sub {
+        my $r = waitpid($w->{pid}, WNOHANG);
+        $st = $? if $r == $w->{pid};
+        $r == $w->{pid};
+    }, 10);
+    my $dt = time - $t0;
+    ok(defined $st, 'SIGTERM: the worker exits');
+    is($st, 0, 'with status 0');
+    cmp_ok($dt, '<', 2 + 3, 'within --drain-timeout (2 s) and a margin');
+    $w->{pid} = 0;
+    my @r = map { $t->bg_wait($_, 10) } @bg;
+    my @msg = grep { $_ } map { explicit_error($_) } @r;
+    is(scalar @msg, 8, 'every running stream ends with an explicit error and [DONE]');
+    like($msg[0] // '', qr/shutting down/, 'saying the worker is shutting down');
+    ok(!-e "/dev/shm/$w->{name}", 'the region is removed');
+    like(MsvTest::_tail($w->{log}, 20), qr/stopping: aborting \d+ requests/,
+         'the worker logs the drain');
+    my $r = $t->generate({ token_ids => [1] });
+    is($r->{status}, 503, 'new requests: 503 while it is down');
+    $t->restart_worker($w);
+    ok(MsvTest::wait_for(sub {
+        $t->generate({ token_ids => [1], sampling_params => { max_tokens => 1 } })
+          ->{status} == 200 }, 10), 'served again once it is back');
+}
+
+unlike($t->error_log, qr/\[(alert|emerg)\]|exited on signal/, 'no nginx alerts or crashes');
+
+done_testing;
