@@ -305,8 +305,17 @@ msv_region_create(struct msv_region *rg, const char *name,
         snprintf(err, errlen, "shm_open(%s): %s", rg->name, strerror(errno));
         return -1;
     }
-    /* the umask may have taken bits away; 0600 is the contract */
-    if (fchmod(fd, 0600) != 0) {
+    /*
+     * The umask may have taken bits away; 0600 is the contract, or 0660
+     * for the group nginx's workers run in (the group first, so that the
+     * object is never open to a group it was not meant for).
+     */
+    if (lay->share_group && fchown(fd, (uid_t) -1, (gid_t) lay->gid) != 0) {
+        snprintf(err, errlen, "fchown(%s, group %u): %s", rg->name,
+                 lay->gid, strerror(errno));
+        goto failed;
+    }
+    if (fchmod(fd, lay->share_group ? 0660 : 0600) != 0) {
         snprintf(err, errlen, "fchmod(%s): %s", rg->name, strerror(errno));
         goto failed;
     }
@@ -569,7 +578,9 @@ msv_region_open(struct msv_region *rg, const char *name, char *err,
         return -1;
     }
 
-    if (msv_ctrl_check(base, name, (uint64_t) st.st_size, err, errlen) != 0) {
+    if (msv_ctrl_check(base, name, (uint64_t) st.st_size, err, errlen) != 0
+        || msv_region_owner_check(fd, base, err, errlen) != 0)
+    {
         munmap(base, (size_t) st.st_size);
         close(fd);
         return -1;
@@ -578,6 +589,69 @@ msv_region_open(struct msv_region *rg, const char *name, char *err,
     rg->ctrl = base;
     rg->bytes = (size_t) st.st_size;
     rg->fd = fd;
+    return 0;
+}
+
+
+int
+msv_region_owner_check(int fd, const struct msv_ctrl *c, char *err,
+    size_t errlen)
+{
+    char         proc[32], sock[MSV_SOCK_PATH_MAX];
+    struct stat  st, ps, ss;
+
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "fstat(region %s): %s", c->name,
+                 strerror(errno));
+        return -1;
+    }
+    if (st.st_mode & 0007) {
+        snprintf(err, errlen, "region %s: mode %04o gives other users "
+                 "access: refused (the worker makes it 0600, or 0660 with "
+                 "--group)", c->name, (unsigned) (st.st_mode & 07777));
+        return -1;
+    }
+
+    snprintf(proc, sizeof(proc), "/proc/%d", (int) c->worker_pid);
+    if (c->worker_pid <= 0 || stat(proc, &ps) != 0) {
+        return 0;       /* no such process: the liveness checks decide */
+    }
+    if (ps.st_uid != st.st_uid) {
+        snprintf(err, errlen, "region %s: owned by uid %u, but its worker "
+                 "(pid %d) runs as uid %u: refused", c->name,
+                 (unsigned) st.st_uid, (int) c->worker_pid,
+                 (unsigned) ps.st_uid);
+        return -1;
+    }
+
+    memcpy(sock, c->sock_path, sizeof(sock));
+    sock[sizeof(sock) - 1] = '\0';
+    if (sock[0] != '\0' && lstat(sock, &ss) == 0
+        && (ss.st_uid != st.st_uid || (ss.st_mode & 0007)))
+    {
+        snprintf(err, errlen, "socket %s: owner uid %u mode %04o, the "
+                 "region's owner is uid %u: refused", sock,
+                 (unsigned) ss.st_uid, (unsigned) (ss.st_mode & 07777),
+                 (unsigned) st.st_uid);
+        return -1;
+    }
+
+    return 0;
+}
+
+
+int
+msv_sock_share(const char *path, uint32_t gid, char *err, size_t errlen)
+{
+    if (chown(path, (uid_t) -1, (gid_t) gid) != 0) {
+        snprintf(err, errlen, "chown(%s, group %u): %s", path, gid,
+                 strerror(errno));
+        return -1;
+    }
+    if (chmod(path, 0660) != 0) {
+        snprintf(err, errlen, "chmod(%s, 0660): %s", path, strerror(errno));
+        return -1;
+    }
     return 0;
 }
 

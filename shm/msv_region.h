@@ -26,6 +26,10 @@ struct msv_layout {
     uint64_t     ring_bytes;      /* power of two; checked against rows */
     const char  *model;
     const char  *backend;
+    uint32_t     share_group;     /* 1: region and socket 0660, group gid */
+    uint32_t     gid;             /* ... so that nginx's workers, running
+                                     as another user in that group, can
+                                     attach; 0 share_group: 0600 */
 };
 
 struct msv_region {
@@ -46,11 +50,31 @@ int msv_region_create(struct msv_region *rg, const char *name,
     const struct msv_layout *lay, char *err, size_t errlen);
 
 /* Reader: map an existing region read-write and check magic, version,
- * sizes and offsets.  Returns 0, or -1 with a message in err. */
+ * sizes and offsets, and who owns it (msv_region_owner_check).  Returns 0,
+ * or -1 with a message in err. */
 int msv_region_open(struct msv_region *rg, const char *name, char *err,
     size_t errlen);
 
 void msv_region_unmap(struct msv_region *rg);
+
+/*
+ * The checks a reader makes on the region behind fd (and on the socket
+ * its control page names) before trusting either: no access for others
+ * (mode & 007 == 0), and both owned by the user the worker process
+ * (ctrl->worker_pid) runs as, so that a region or socket planted under
+ * the name by another user is refused.  A worker that is gone is left to
+ * the liveness checks.  Returns 0, or -1 with a message in err.
+ */
+int msv_region_owner_check(int fd, const struct msv_ctrl *c, char *err,
+    size_t errlen);
+
+/*
+ * Worker: give the socket at path to group gid, mode 0660, the way
+ * msv_region_create does for the region when lay->share_group is set.
+ * Returns 0, or -1 with a message in err.
+ */
+int msv_sock_share(const char *path, uint32_t gid, char *err,
+    size_t errlen);
 
 /* Remove the shm object and its socket; 0 or -1 (errno set). */
 int msv_region_unlink(const char *name);

@@ -5,7 +5,9 @@
 #   one worker: region $SHM (default maskserve-0); the CUDA backend when a
 #     GPU is usable, else the CPU backend; $MODEL (a Hugging Face
 #     checkpoint directory) or the dummy `tiny` model
-#   nginx (the stock binary) with the module, on 127.0.0.1:$PORT (8080)
+#   nginx (the stock binary) with the module, on 127.0.0.1:$PORT (8080);
+#     as root, its worker processes run as $NGINX_USER (nobody) in group
+#     $GROUP (maskserve), which the worker shares its region with
 #
 # Runtime files (logs, nginx.conf, pid files) go to build/run/.  Ctrl-C
 # (or SIGTERM) stops everything.
@@ -41,6 +43,22 @@ redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' \
     --appendonly no --dir "$run" > "$run/logs/redis.log" 2>&1 &
 pids="$pids $!"
 
+# Who runs what.  As root: the worker stays root (it owns the GPU), its
+# region and socket are 0660 for group $GROUP (created if missing), and
+# nginx's worker processes run as the unprivileged $NGINX_USER in that
+# group; they never run as root.  Otherwise everything runs as the caller
+# and the region is 0600.
+GROUP=${GROUP:-maskserve}
+NGINX_USER=${NGINX_USER:-nobody}
+if [ "$(id -u)" = 0 ]; then
+    getent group "$GROUP" > /dev/null || groupadd --system "$GROUP"
+    share="--group $GROUP"
+    user_line="user              $NGINX_USER $GROUP;"
+else
+    share=""
+    user_line="# not root: nginx's workers run as $(id -un), like the worker"
+fi
+
 # worker
 if [ -n "$MODEL" ]; then
     src="--model $MODEL"
@@ -48,7 +66,7 @@ else
     src="--dummy tiny"
 fi
 # shellcheck disable=SC2086
-"$B/maskserve-worker" $src --backend auto --shm "$SHM" \
+"$B/maskserve-worker" $src --backend auto --shm "$SHM" $share \
     2> "$run/logs/worker.log" &
 wpid=$!
 pids="$pids $wpid"
@@ -68,8 +86,8 @@ done
 cat > "$run/nginx.conf" <<EOF
 load_module $so;
 
-# the region is mode 0600: nginx's workers run as the worker's user
-user              $(id -un) $(id -gn);
+# the region is 0660 for group $GROUP when started as root (0600 else)
+$user_line
 worker_processes  2;
 error_log         $run/logs/error.log info;
 pid               $run/nginx.pid;

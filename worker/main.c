@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -53,6 +54,8 @@ struct msv_opts {
     double       reader_timeout;
     double       drain_timeout;
     double       step_timeout;
+    uint32_t     share_group;    /* --group given */
+    uint32_t     gid;
 };
 
 static volatile sig_atomic_t  msv_stop;
@@ -119,6 +122,8 @@ msv_usage(FILE *f)
 "  --drain-timeout SEC      on SIGTERM, wait for readers (default 2)\n"
 "  --step-timeout SEC       a step running longer is hung: the heartbeat\n"
 "                           stops (default 600)\n"
+"  --group NAME|GID         region and socket 0660 for this group (nginx's\n"
+"                           workers run in it); default 0600, owner only\n"
 "  --log-level LEVEL        error, warn, info, debug (default info)\n");
 }
 
@@ -157,10 +162,12 @@ bad:
 static int
 msv_parse_args(int argc, char **argv, struct msv_opts *o)
 {
-    int       c, idx;
-    char     *end;
-    double    d;
-    uint64_t  v;
+    int             c, idx;
+    char           *end;
+    double          d;
+    uint64_t        v;
+    unsigned long   ul;
+    struct group   *gr;
 
     static const struct option  longopts[] = {
         { "model",                  required_argument, 0, 'm' },
@@ -185,6 +192,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "reader-timeout",         required_argument, 0, 'R' },
         { "drain-timeout",          required_argument, 0, 'D' },
         { "step-timeout",           required_argument, 0, 'X' },
+        { "group",                  required_argument, 0, 'g' },
         { "log-level",              required_argument, 0, 'v' },
         { "help",                   no_argument,       0, 'h' },
         { 0, 0, 0, 0 }
@@ -329,6 +337,24 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
             } else {
                 o->step_timeout = d;
             }
+            break;
+        case 'g':
+            errno = 0;
+            gr = getgrnam(optarg);
+            if (gr != NULL) {
+                o->gid = (uint32_t) gr->gr_gid;
+            } else {
+                ul = strtoul(optarg, &end, 10);
+                if (end == optarg || *end || optarg[0] == '-'
+                    || ul > UINT32_MAX - 1)
+                {
+                    fprintf(stderr, "maskserve-worker: --group: no group "
+                            "\"%s\"\n", optarg);
+                    return -1;
+                }
+                o->gid = (uint32_t) ul;
+            }
+            o->share_group = 1;
             break;
         case 'v':
             if (strcmp(optarg, "error") == 0) {
@@ -624,6 +650,8 @@ main(int argc, char **argv)
     lay.ring_bytes = o.ring_bytes;
     lay.model = o.model_dir != NULL ? o.model_dir : cfg.name;
     lay.backend = ops->name;
+    lay.share_group = o.share_group;
+    lay.gid = o.gid;
 
     if (msv_region_create(&rg, o.shm, &lay, err, sizeof(err)) != 0) {
         fprintf(stderr, "maskserve-worker: %s\n", err);
@@ -653,6 +681,14 @@ main(int argc, char **argv)
     }
 
     ipc.log = msv_log;
+    if (o.share_group
+        && msv_sock_share(rg.ctrl->sock_path, o.gid, err, sizeof(err)) != 0)
+    {
+        fprintf(stderr, "maskserve-worker: %s\n", err);
+        msv_region_unlink(o.shm);
+        return 1;
+    }
+
     msv_producer_init(&prod, rg.ctrl, msv_ipc_ring_wait, &ipc);
 
     if (o.has_seed) {

@@ -255,7 +255,8 @@ sub nginx_conf {
     my $d = $self->{dir};
     my @w = @{ $o{workers} // [map { $_->{name} } values %{ $self->{workers} }] };
     my $workers = join '', map { "    maskserve_worker $_;\n" } @w;
-    my $user = $> == 0 ? "user root;\n" : '';
+    # user => 'nobody nogroup': nginx's workers as that user and group
+    my $user = $o{user} ? "user $o{user};\n" : $> == 0 ? "user root;\n" : '';
     my $redis = $self->{redis_port}
         ? "    maskserve_redis 127.0.0.1:$self->{redis_port};\n" : '';
     my $n = $o{processes} // 2;
