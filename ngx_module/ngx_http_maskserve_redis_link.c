@@ -22,6 +22,9 @@
 #include "ngx_http_maskserve_redis_adapter.h"
 
 
+static ngx_int_t msv_redis_id_valid(ngx_str_t *id);
+
+
 static void msv_redis_link_reset(msv_redis_link_t *link,
     redisAsyncContext *ac);
 static ngx_int_t msv_redis_link_handshake(msv_redis_link_t *link,
@@ -672,11 +675,49 @@ msv_redis_sub_cb(redisAsyncContext *ac, void *r, void *privdata)
     id.data = (u_char *) payload->str;
     id.len = payload->len;
 
+    /*
+     * Anyone who can PUBLISH sends this: only a well-formed request id
+     * (or "*") goes further, into the log or a lookup; the bytes of a bad one are
+     * not logged (they could forge log lines).
+     */
+    /* "*" (abort everything, see abort_requests) is the one exception */
+    if (!(id.len == 1 && id.data[0] == '*') && !msv_redis_id_valid(&id)) {
+        ngx_log_error(NGX_LOG_WARN, msv_redis->log, 0,
+                      "maskserve redis: abort message with an invalid "
+                      "request id (%uz bytes) ignored", id.len);
+        return;
+    }
+
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, msv_redis->log, 0,
                    "maskserve redis: abort message for \"%V\"", &id);
 
     if (msv_redis_abort_handler != NULL) {
         msv_redis_abort_handler(&id);
     }
+}
+
+
+/* The module's request id rule: 1..MSV_REQ_ID_MAX of [A-Za-z0-9._:-]. */
+static ngx_int_t
+msv_redis_id_valid(ngx_str_t *id)
+{
+    u_char  ch;
+    size_t  i;
+
+    if (id->len == 0 || id->len > MSV_REQ_ID_MAX) {
+        return 0;
+    }
+
+    for (i = 0; i < id->len; i++) {
+        ch = id->data[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')
+              || (ch >= '0' && ch <= '9')
+              || ch == '.' || ch == '_' || ch == ':' || ch == '-'))
+        {
+            return 0;
+        }
+    }
+
+    return 1;
 }
 

@@ -8,6 +8,8 @@
 #   - a reader refuses a region that gives others access, or that is not
 #     owned by the user its worker runs as (a region planted under the
 #     name), and the same for the socket;
+#   - an abort published through Redis with a malformed request id is
+#     dropped without its bytes reaching the log;
 #   - allow/deny in front of the endpoints: a refused client gets 403 (a
 #     JSON error through error_page) and nothing reaches the worker.
 
@@ -105,6 +107,22 @@ EOF2
     is($g->{json}{error}{code}, 403, 'as a JSON error');
     is($t->health->{workers}[0]{requests_done}, $done, 'nothing reached the worker');
     like($t->error_log, qr/access forbidden by rule/, 'nginx logs the refusal');
+}
+
+# --- request ids from Redis (pub/sub aborts) are checked before use
+{
+    my $t = MsvTest->new;
+    $t->start_redis;
+    my $w = $t->start_worker(slots => 4);
+    $t->start_nginx;
+    ok(MsvTest::wait_for(sub { ($t->health // {})->{redis} eq 'up' }, 10), 'redis up');
+    my $evil = "x\n2026/01/01 00:00:00 [emerg] 1#1: forged line";
+    ok($t->redis_cmd('PUBLISH', 'msv:abort', $evil) >= 1, 'a forged abort published');
+    ok(MsvTest::wait_for(sub {
+        $t->error_log =~ /abort message with an invalid request id \(\d+ bytes\) ignored/
+    }, 5), 'an abort with a bad request id is ignored, its length logged');
+    unlike($t->error_log, qr/forged line/, 'and its bytes never reach the log');
+    is($t->get('/health')->{status}, 200, 'nothing else happened');
 }
 
 # --- --group with a name that does not exist: one line, exit 1
