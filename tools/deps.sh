@@ -16,7 +16,7 @@
 set -e
 
 pkgs="build-essential nginx nginx-dev libhiredis-dev libyajl-dev redis-server
-      curl wrk perl libjson-pp-perl
+      curl wrk perl libjson-pp-perl clang libclang-rt-dev
       python3 python3-numpy python3-pip python3-setuptools python3-wheel
       python3-torch"
 missing=""
