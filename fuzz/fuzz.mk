@@ -28,7 +28,7 @@ NGX_INCS    := -I$(NGX_HDRS)/src/core -I$(NGX_HDRS)/src/event \
 fuzz: $(FUZZ_BINS)
 
 $(FUZZ_B)/fuzz_parse: fuzz/fuzz_parse.c fuzz/ngx_shim.c \
-                      ngx_module/ngx_http_maskserve_parse.c \
+                      ngx_module/ngx_http_maskserve_parse.c shm/msv_params.c \
                       | $(NGX_OBJS)/ngx_auto_config.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(NGX_INCS) -o $@ $^ -lyajl -lm

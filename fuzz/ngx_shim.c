@@ -135,6 +135,20 @@ ngx_array_push(ngx_array_t *a)
 }
 
 
+/* As nginx's: ngx_hash() over the bytes. */
+ngx_uint_t
+ngx_hash_key(u_char *data, size_t len)
+{
+    ngx_uint_t  i, key;
+
+    key = 0;
+    for (i = 0; i < len; i++) {
+        key = ngx_hash(key, data[i]);
+    }
+    return key;
+}
+
+
 ssize_t
 ngx_read_file(ngx_file_t *file, u_char *buf, size_t size, off_t offset)
 {
