@@ -162,11 +162,12 @@ main(void)
                 if (it[i].rc != 0 || q->token != r[i].tok
                     || memcmp(&q->logprob, &r[i].lp, 4) != 0
                     || q->n_support != r[i].n || q->n_top != r[i].n_top
-                    || memcmp(q->ids, r[i].ids, r[i].n * 4) != 0
-                    || (r[i].p.mask_mode == MSV_MASK_SUPPORT
+                    || (r[i].n && memcmp(q->ids, r[i].ids, r[i].n * 4) != 0)
+                    || (r[i].p.mask_mode == MSV_MASK_SUPPORT && r[i].n
                         && memcmp(q->lps, r[i].lps, r[i].n * 4) != 0)
-                    || memcmp(q->top, r[i].top,
-                              r[i].n_top * sizeof(struct msv_top)) != 0)
+                    || (r[i].n_top
+                        && memcmp(q->top, r[i].top,
+                                  r[i].n_top * sizeof(struct msv_top)) != 0))
                 {
                     bad++;
                 }
