@@ -33,7 +33,7 @@ sub stats {
     return eval { $json->decode($s) };
 }
 
-my $kv0 = stats()->{kv_tokens_free};
+my $kv0 = stats()->{kv}{free};
 ok($kv0 > 0, "KV cache: $kv0 tokens free at the start");
 
 my @points = qw(headers body request response first events pending);
@@ -138,7 +138,7 @@ ok(MsvTest::wait_for(sub {
 
 my $s = stats();
 is($s->{slots}{free}, 64, 'the region agrees: 64 slots free');
-ok(MsvTest::wait_for(sub { stats()->{kv_tokens_free} == $kv0 }, 5),
+ok(MsvTest::wait_for(sub { stats()->{kv}{free} == $kv0 }, 5),
    "every KV page is free again ($kv0 tokens)");
 is($s->{readers}, 2, 'both nginx worker processes still attached');
 

@@ -31,7 +31,7 @@ sub stats {
     my $s = `$MsvTest::BUILD/maskserve-cli --shm $w->{name} --stats 2>/dev/null`;
     return eval { $json->decode($s) } // {};
 }
-my $kv0 = stats()->{kv_tokens_free};
+my $kv0 = stats()->{kv}{free};
 
 sub req {
     my ($tag, $i) = @_;
@@ -117,7 +117,7 @@ sub settled {
         my $h = $t->health or return 0;
         $h->{workers}[0]{attached} && $h->{workers}[0]{slots_in_use} == 0
     }, 20), "$what: every slot free again");
-    ok(MsvTest::wait_for(sub { (stats()->{kv_tokens_free} // -1) == $kv0 }, 10),
+    ok(MsvTest::wait_for(sub { (stats()->{kv}{free} // -1) == $kv0 }, 10),
        "$what: the KV cache whole again");
 }
 
