@@ -149,7 +149,7 @@ ASAN_ENV    := ASAN_OPTIONS=log_path=$(abspath $(ASAN_B))/reports/asan:detect_le
 test-asan: deps
 	CFLAGS="-O1 -g $(ASAN_FLAGS)" LDFLAGS="$(ASAN_FLAGS)" \
 	    $(MAKE) -j2 B=$(ASAN_B) NVCC= $(ASAN_B)/maskserve-worker \
-	    $(ASAN_B)/maskserve-cli tests
+	    $(ASAN_B)/maskserve-cli $(ASAN_B)/bench/e2e_check tests
 	MSV_MODULE_CC_OPT="$(ASAN_FLAGS)" MSV_MODULE_LD_OPT="$(ASAN_FLAGS)" \
 	    sh tools/build-module.sh $(ASAN_B)/nginx
 	printf '#!/bin/sh\n# nginx with the ASan runtime, for the instrumented module\nASAN_OPTIONS="$$ASAN_OPTIONS:detect_leaks=0" LD_PRELOAD=%s exec /usr/sbin/nginx "$$@"\n' \
