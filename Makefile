@@ -142,7 +142,7 @@ ASAN_B      := build-asan
 ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
                -fno-omit-frame-pointer
 ASAN_TESTS  ?= t/05-*.t t/10-*.t t/20-*.t t/30-*.t t/35-*.t t/40-*.t \
-               t/60-*.t t/61-*.t t/64-*.t
+               t/60-disconnects.t t/61-kill.t t/64-security.t
 ASAN_ENV    := ASAN_OPTIONS=log_path=$(abspath $(ASAN_B))/reports/asan:detect_leaks=0 \
                UBSAN_OPTIONS=log_path=$(abspath $(ASAN_B))/reports/ubsan:print_stacktrace=1:halt_on_error=1
 
