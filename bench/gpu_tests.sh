@@ -10,7 +10,8 @@
 # .debs/ngx_http_maskserve_module.so, the module built on a Debian machine
 # (make module; build/nginx/src/objs/ngx_http_maskserve_module.so).
 #
-# Output: $OUT (or build-gpu/out)/gpu_tests.log.
+# TESTS names the end-to-end tests (default t/*.t).  Output: $OUT (or
+# build-gpu/out)/gpu_tests.log.
 
 set -eu -o pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +35,7 @@ export MSV_BUILD=$PWD/$B MSV_BACKEND=cuda MSV_WORKER_ARGS=--batch-invariant
 # the python3 first on the PATH has numpy and torch (t/50-client.t)
 export MSV_PYTHON=$(command -v python3)
 export MSV_NGINX=$deb/usr/sbin/nginx MSV_REDIS=$deb/usr/bin/redis-server
-prove -j"${JOBS:-1}" $(ls "$B"/t/test_* | grep -v '\.d$') t/*.t || true
+prove -j"${JOBS:-1}" $(ls "$B"/t/test_* | grep -v '\.d$') ${TESTS:-t/*.t} || true
 
 if [ "${CHECKS:-1}" = 1 ]; then
     echo "== GPU sampler under compute-sanitizer (memcheck)"
