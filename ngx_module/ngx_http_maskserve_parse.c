@@ -381,34 +381,8 @@ ngx_http_maskserve_parse_abort(ngx_http_request_t *r, ngx_str_t *id,
 ngx_int_t
 ngx_http_maskserve_id_valid(u_char *p, size_t len)
 {
-    u_char  ch;
-    size_t  i;
-
-    if (len == 0 || len > MSV_REQ_ID_MAX) {
-        return 0;
-    }
-
-    /* a path segment nginx would resolve: the status URI could not name
-     * it (region names are refused the same way) */
-    if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
-    {
-        return 0;
-    }
-
-    for (i = 0; i < len; i++) {
-        ch = p[i];
-
-        if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')
-            || (ch >= '0' && ch <= '9')
-            || ch == '.' || ch == '_' || ch == ':' || ch == '-')
-        {
-            continue;
-        }
-
-        return 0;
-    }
-
-    return 1;
+    /* the rule is shared with the worker and the CLI (shm/msv_params.c) */
+    return msv_request_id_valid((const char *) p, len);
 }
 
 

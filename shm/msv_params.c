@@ -473,6 +473,32 @@ msv_check(const struct msv_params *p, const struct msv_bias *bias,
 }
 
 
+int
+msv_request_id_valid(const char *p, size_t len)
+{
+    size_t  i;
+    char    ch;
+
+    if (len == 0 || len > MSV_REQ_ID_MAX) {
+        return 0;
+    }
+    if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
+    {
+        return 0;
+    }
+    for (i = 0; i < len; i++) {
+        ch = p[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')
+              || (ch >= '0' && ch <= '9')
+              || ch == '.' || ch == '_' || ch == ':' || ch == '-'))
+        {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+
 const char *
 msv_prompt_check(const int32_t *prompt, uint32_t n_prompt,
     const struct msv_limits *lim, char *err)

@@ -137,6 +137,11 @@ const char *msv_params_check(const struct msv_params *p,
 const char *msv_params_check_sampling(const struct msv_params *p,
     const struct msv_bias *bias, const struct msv_limits *lim, char *err);
 
+/* A request id: 1 to MSV_REQ_ID_MAX characters of [A-Za-z0-9._:-], not
+ * "." or ".." (a path segment nginx would resolve).  Safe in a URI, a
+ * Redis key and a log line as it is. */
+int msv_request_id_valid(const char *p, size_t len);
+
 /* The prompt: 1 to max_model_len - 1 ids in [0, vocab).  NULL or
  * "token_ids", as msv_params_check. */
 const char *msv_prompt_check(const int32_t *prompt, uint32_t n_prompt,

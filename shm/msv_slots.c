@@ -174,7 +174,10 @@ msv_slot_submit(struct msv_ctrl *c, uint32_t i, const char *request_id,
     /* the rules the worker applies again when it admits the slot */
     msv_limits_of(c, &lim);
     if (i >= c->n_slots || msv_prompt_check(prompt, n_prompt, &lim, NULL)
-        || msv_params_check(params, bias, &lim, NULL))
+        || msv_params_check(params, bias, &lim, NULL)
+        || (request_id != NULL && request_id[0] != '\0'
+            && !msv_request_id_valid(request_id,
+                                     strnlen(request_id, MSV_REQ_ID_MAX))))
     {
         return 0;
     }

@@ -354,6 +354,16 @@ msv_sched_valid(struct msv_sched *s, struct msv_slot *sl)
     lim.vocab_size = s->vocab;
     lim.max_model_len = s->max_len;
 
+    /* the id goes into log lines: never print one that breaks the rule */
+    if (sl->request_id[0] != '\0'
+        && !msv_request_id_valid(sl->request_id,
+                                 strnlen(sl->request_id, MSV_REQ_ID_MAX + 1)))
+    {
+        msv_warn("a request whose id is not 1 to %d characters of "
+                 "[A-Za-z0-9._:-]", MSV_REQ_ID_MAX);
+        return 0;
+    }
+
     param = msv_prompt_check(msv_slot_prompt(s->c, sl), sl->n_prompt, &lim,
                              err);
     if (param == NULL) {
@@ -654,8 +664,7 @@ msv_sched_admit(struct msv_sched *s)
         }
 
         if (!msv_sched_valid(s, sl)) {
-            msv_warn("slot %u: invalid request \"%s\", aborted",
-                     q->slot, sl->request_id);
+            msv_warn("slot %u: invalid request, aborted", q->slot);
             if (msv_sched_finish(s, q->slot, MSV_SLOT_SUBMITTED, sl->cookie,
                                  -1, 0, MSV_MASK_OFF, NULL, MSV_FINISH_ABORT,
                                  MSV_ABORT_INVALID) != 0)

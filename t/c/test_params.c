@@ -559,6 +559,32 @@ test_extremes(void)
 }
 
 
+/* The request-id rule shared by the module, the slot table and the
+ * worker (its ids go into Redis keys, URIs and log lines). */
+static void
+test_request_id(void)
+{
+    static const char  *good[] = { "a", "rollout-17.3", "A_b:c-d.e", "..a" };
+    static const char  *bad[] = { "", ".", "..", "a b", "a\nb", "a\"b",
+                                  "a/b", "a%b", "\x1b[31m", "caf\xc3\xa9" };
+    char                 big[MSV_REQ_ID_MAX + 2];
+    size_t               i;
+    int                  ok = 1;
+
+    for (i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        ok &= msv_request_id_valid(good[i], strlen(good[i]));
+    }
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ok &= !msv_request_id_valid(bad[i], strlen(bad[i]));
+    }
+    memset(big, 'x', sizeof(big));
+    ok &= msv_request_id_valid(big, MSV_REQ_ID_MAX);
+    ok &= !msv_request_id_valid(big, MSV_REQ_ID_MAX + 1);
+    tap_ok(ok, "request ids: [A-Za-z0-9._:-], 1 to %d, not . or ..; spaces, "
+           "newlines, quotes, escapes and non-ASCII refused", MSV_REQ_ID_MAX);
+}
+
+
 int
 main(void)
 {
@@ -566,5 +592,6 @@ main(void)
     test_entries();
     test_request();
     test_extremes();
+    test_request_id();
     return tap_done();
 }
