@@ -368,9 +368,13 @@ ok(MsvTest::wait_for(sub { redis_state($t3) eq 'up' }, 10),
 
 $r = $t3->generate(req('t35-auth', 10));
 is($r->{status}, 200, 'generate through the third nginx');
-my $ah = MsvTest::wait_for(sub {
+# the record is written at admission and updated once the answer ends
+# (asynchronously): wait for its last state, not for its first
+my $ah;
+MsvTest::wait_for(sub {
     my $v = authed_cmd('HGETALL', 't35b:req:t35-auth');
-    return ref $v eq 'ARRAY' && @$v ? { @$v } : 0;
+    $ah = { @$v } if ref $v eq 'ARRAY' && @$v;
+    return $ah && ($ah->{state} // '') eq 'finished';
 }, 10);
 is($ah && $ah->{state}, 'finished', 'metadata in db 5 of the protected Redis');
 is($ah && $ah->{completion_tokens}, 10, 'its completion_tokens');
