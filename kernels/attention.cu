@@ -549,6 +549,384 @@ attention_vec_kernel(struct msv_attn_args a, uint32_t n_groups, uint32_t S)
 }
 
 
+/*
+ * The bf16-KV form on the tensor cores (head_dim 16, 32, 64 or 128, up to
+ * 8 query heads per kv head: every model preset).  One block per (token,
+ * kv head), four warps; warp w takes page w of each split (a split is
+ * four pages), so the block reads a split's 64 keys at once:
+ *   load:    cp.async of the page's K and V rows (bf16, as stored) into
+ *            the warp's shared stage, rows past the sequence zero-filled;
+ *            the next split's page is in flight while this one computes;
+ *   scores:  mma m16n8k16 with the group's q in the rows: row g holds
+ *            bf16(q) of head g, row g + 8 the remainder bf16(q - hi), so
+ *            the sum of the two rows carries q to about 2^-16 relative
+ *            (the rows would be idle otherwise); with at most 4 heads,
+ *            row g + 4 holds the remainder of that, and q is carried to
+ *            fp32 precision; K fragments by ldmatrix;
+ *   softmax: per page, over the quad of lanes that holds a row;
+ *   values:  mma again with the probabilities split the same way (hi in
+ *            row g, remainder in row g + 8) and V fragments by
+ *            ldmatrix.trans.
+ * Each warp leaves its page's (max, sum, output) in its stage; the block
+ * folds the split's pages in page order, then the split into the token's
+ * state (serial form) or the workspace (parallel form), in split order as
+ * everywhere in this file.  The page and split arithmetic is the same in
+ * both forms, so the forms give the same bits.
+ */
+#define MSV_ATTN_MMA_WARPS  (MSV_ATTN_SPLIT / MSV_KV_BLOCK)
+#define MSV_ATTN_MMA_HEADS  8
+
+static_assert(MSV_KV_BLOCK == 16, "an mma tile of keys is one page");
+static_assert(MSV_ATTN_MMA_WARPS * 32 == MSV_ATTN_THREADS,
+              "one warp per page of a split");
+
+static __device__ __forceinline__ uint32_t
+msv_pack_bf16(float first, float second)
+{
+    __nv_bfloat162  v = __floats2bfloat162_rn(first, second);
+
+    return *(uint32_t *) &v;
+}
+
+/* x as bf16 hi plus bf16 remainder. */
+static __device__ __forceinline__ void
+msv_split_bf16(float x, float *hi, float *lo)
+{
+    *hi = __bfloat162float(__float2bfloat16_rn(x));
+    *lo = __bfloat162float(__float2bfloat16_rn(x - *hi));
+}
+
+static __device__ __forceinline__ void
+msv_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void
+msv_ldmatrix_x4(uint32_t r[4], const void *p)
+{
+    uint32_t  s = (uint32_t) __cvta_generic_to_shared(p);
+
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
+                 "{%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+static __device__ __forceinline__ void
+msv_ldmatrix_x4_trans(uint32_t r[4], const void *p)
+{
+    uint32_t  s = (uint32_t) __cvta_generic_to_shared(p);
+
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
+                 "{%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+/* 16 bytes global -> shared; n = 0 fills the 16 bytes with zeros. */
+static __device__ __forceinline__ void
+msv_cp_async16(void *dst, const void *src, uint32_t n)
+{
+    uint32_t  s = (uint32_t) __cvta_generic_to_shared(dst);
+
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(s), "l"(src), "r"(n));
+}
+
+static __device__ __forceinline__ void
+msv_cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+static __device__ __forceinline__ void
+msv_cp_async_wait_all(void)
+{
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+/* Bytes of the stages: per warp two of K and V tiles [16][HD + 8]. */
+static size_t
+msv_attn_mma_smem(uint32_t hd)
+{
+    return (size_t) MSV_ATTN_MMA_WARPS * 2 * 2 * MSV_KV_BLOCK * (hd + 8)
+           * sizeof(__nv_bfloat16);
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(MSV_ATTN_THREADS, 3)
+attention_mma_kernel(struct msv_attn_args a, uint32_t S)
+{
+    extern __shared__ uint4   smq[];
+    const uint32_t            RS = HD + 8;     /* row stride, elements */
+    const uint32_t            SB = 2 * MSV_KV_BLOCK * RS;  /* a stage */
+    const uint32_t            PER = HD / 16;   /* elements a thread folds */
+    __nv_bfloat16            *sm, *st, *kt, *vt;
+    const float              *qp;
+    float                    *sf, *stm, *stl;
+    uint32_t                  qa[HD / 16][4], pa[4], fr[4], t, kvh, ng, h0,
+                              tid, lane, warp, r, q, nkeys, ns, s, sn, cur,
+                              key0, nk, np, e, g, d, c, row, col, i, w, ks,
+                              nt, hr;
+    int                       three;
+    int32_t                   poff;
+    float                     sc[2][4], o[HD / 8][4], M[PER], L[PER],
+                              A[PER], x[4], hi, lo, v[4], mx, l, ms, ls, as;
+    size_t                    wp;
+
+    t = blockIdx.x;
+    kvh = blockIdx.y;
+    ng = a.n_heads / a.n_kv_heads;
+    h0 = kvh * ng;
+    tid = threadIdx.x;
+    lane = tid & 31;
+    warp = tid >> 5;
+    r = lane >> 2;
+    q = lane & 3;
+
+    nkeys = (uint32_t) a.kv.pos[t] + 1;
+    ns = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_ATTN_SPLIT);
+    if (blockIdx.z >= ns) {
+        return;                        /* the whole block: no barrier yet */
+    }
+
+    /* q fragments: row r = head r (hi), row r + 8 = head r (remainder);
+     * with at most 4 heads row r + 4 takes the remainder's remainder */
+    three = ng <= 4;
+    hr = three ? (r & 3) : r;
+    qp = a.q + (size_t) t * a.q_stride + (size_t) (h0 + hr) * HD;
+#pragma unroll
+    for (ks = 0; ks < HD / 16; ks++) {
+        d = ks * 16 + 2 * q;
+        if (hr < ng) {
+            x[0] = qp[d];
+            x[1] = qp[d + 1];
+            x[2] = qp[d + 8];
+            x[3] = qp[d + 9];
+        } else {
+            x[0] = x[1] = x[2] = x[3] = 0.0f;
+        }
+#pragma unroll
+        for (i = 0; i < 4; i++) {
+            msv_split_bf16(x[i], &hi, &lo);
+            if (r >= 4 && three) {
+                x[i] = __bfloat162float(__float2bfloat16_rn(x[i] - hi - lo));
+                v[i] = 0.0f;
+            } else {
+                x[i] = hi;
+                v[i] = lo;
+            }
+        }
+        qa[ks][0] = msv_pack_bf16(x[0], x[1]);
+        qa[ks][1] = msv_pack_bf16(v[0], v[1]);
+        qa[ks][2] = msv_pack_bf16(x[2], x[3]);
+        qa[ks][3] = msv_pack_bf16(v[2], v[3]);
+    }
+
+#pragma unroll
+    for (i = 0; i < PER; i++) {
+        M[i] = -INFINITY;
+        L[i] = 0.0f;
+        A[i] = 0.0f;
+    }
+
+    sm = (__nv_bfloat16 *) smq;
+    poff = a.kv.page_off[a.kv.tok_seq[t]];
+
+#define MSV_ATTN_MMA_FETCH(SPLIT, STAGE)                                     \
+    do {                                                                     \
+        uint32_t  k0_ = (SPLIT) * MSV_ATTN_SPLIT + warp * MSV_KV_BLOCK;      \
+        if (k0_ < nkeys) {                                                   \
+            uint32_t  nk_ = min((uint32_t) MSV_KV_BLOCK, nkeys - k0_);       \
+            int32_t   pg_ = a.kv.pages[poff + k0_ / MSV_KV_BLOCK];           \
+            size_t    b_ = ((size_t) pg_ * a.n_kv_heads + kvh)               \
+                           * MSV_KV_BLOCK * HD;                              \
+            __nv_bfloat16  *kt_ = sm + ((size_t) warp * 2 + (STAGE)) * SB;   \
+            __nv_bfloat16  *vt_ = kt_ + MSV_KV_BLOCK * RS;                   \
+            const __nv_bfloat16  *kg_ =                                      \
+                (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
+            const __nv_bfloat16  *vg_ =                                      \
+                (const __nv_bfloat16 *) a.kv.v_cache + b_;                   \
+            for (c = lane; c < MSV_KV_BLOCK * HD / 8; c += 32) {             \
+                row = c / (HD / 8);                                          \
+                col = (c % (HD / 8)) * 8;                                    \
+                msv_cp_async16(kt_ + row * RS + col,                         \
+                               kg_ + (row < nk_ ? row : 0) * HD + col,       \
+                               row < nk_ ? 16u : 0u);                        \
+                msv_cp_async16(vt_ + row * RS + col,                         \
+                               vg_ + (row < nk_ ? row : 0) * HD + col,       \
+                               row < nk_ ? 16u : 0u);                        \
+            }                                                                \
+        }                                                                    \
+        msv_cp_async_commit();                                               \
+    } while (0)
+
+    s = blockIdx.z;
+    cur = 0;
+    MSV_ATTN_MMA_FETCH(s, 0);
+
+    for ( ;; ) {
+        msv_cp_async_wait_all();
+        __syncwarp();
+        __syncthreads();               /* the last fold has read the
+                                          stages the next fetch fills */
+        sn = s + gridDim.z;
+        if (sn < ns) {
+            MSV_ATTN_MMA_FETCH(sn, cur ^ 1);
+        }
+
+        key0 = s * MSV_ATTN_SPLIT + warp * MSV_KV_BLOCK;
+        st = sm + ((size_t) warp * 2 + cur) * SB;
+        if (key0 < nkeys) {
+            nk = min((uint32_t) MSV_KV_BLOCK, nkeys - key0);
+            kt = st;
+            vt = st + MSV_KV_BLOCK * RS;
+
+            /* scores: keys 8 n + 2 q + {0, 1} of row r, tiles n = 0, 1 */
+#pragma unroll
+            for (i = 0; i < 4; i++) {
+                sc[0][i] = 0.0f;
+                sc[1][i] = 0.0f;
+            }
+#pragma unroll
+            for (ks = 0; ks < HD / 16; ks++) {
+                msv_ldmatrix_x4(fr, kt + ((lane >> 4) * 8 + (lane & 7)) * RS
+                                       + ks * 16 + ((lane >> 3) & 1) * 8);
+                msv_mma_bf16(sc[0], qa[ks], fr[0], fr[1]);
+                msv_mma_bf16(sc[1], qa[ks], fr[2], fr[3]);
+            }
+            x[0] = sc[0][0] + sc[0][2];
+            x[1] = sc[0][1] + sc[0][3];
+            x[2] = sc[1][0] + sc[1][2];
+            x[3] = sc[1][1] + sc[1][3];
+            if (three) {               /* row r + 4, in lane + 16 */
+                x[0] += __shfl_xor_sync(0xffffffffu, sc[0][0], 16);
+                x[1] += __shfl_xor_sync(0xffffffffu, sc[0][1], 16);
+                x[2] += __shfl_xor_sync(0xffffffffu, sc[1][0], 16);
+                x[3] += __shfl_xor_sync(0xffffffffu, sc[1][1], 16);
+            }
+#pragma unroll
+            for (i = 0; i < 4; i++) {
+                x[i] *= a.scale;
+            }
+            if (2 * q >= nk) {
+                x[0] = -INFINITY;
+            }
+            if (2 * q + 1 >= nk) {
+                x[1] = -INFINITY;
+            }
+            if (2 * q + 8 >= nk) {
+                x[2] = -INFINITY;
+            }
+            if (2 * q + 9 >= nk) {
+                x[3] = -INFINITY;
+            }
+            mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+#pragma unroll
+            for (i = 0; i < 4; i++) {
+                msv_split_bf16(expf(x[i] - mx), &x[i], &v[i]);
+            }
+            l = (x[0] + v[0] + (x[1] + v[1]))
+                + (x[2] + v[2] + (x[3] + v[3]));
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            pa[0] = msv_pack_bf16(x[0], x[1]);
+            pa[1] = msv_pack_bf16(v[0], v[1]);
+            pa[2] = msv_pack_bf16(x[2], x[3]);
+            pa[3] = msv_pack_bf16(v[2], v[3]);
+
+            /* values: dimensions 8 n + 2 q + {0, 1} of row r */
+#pragma unroll
+            for (nt = 0; nt < HD / 8; nt++) {
+                o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+            }
+#pragma unroll
+            for (nt = 0; nt < HD / 16; nt++) {
+                msv_ldmatrix_x4_trans(fr, vt + (((lane >> 3) & 1) * 8
+                                                + (lane & 7)) * RS
+                                             + nt * 16 + (lane >> 4) * 8);
+                msv_mma_bf16(o[2 * nt], pa, fr[0], fr[1]);
+                msv_mma_bf16(o[2 * nt + 1], pa, fr[2], fr[3]);
+            }
+
+            /* the page's state, over its own K tile */
+            __syncwarp();
+            sf = (float *) st;
+            stm = sf + MSV_ATTN_MMA_HEADS * RS;
+            stl = stm + MSV_ATTN_MMA_HEADS;
+            if (r < ng) {
+#pragma unroll
+                for (nt = 0; nt < HD / 8; nt++) {
+                    *(float2 *) &sf[r * RS + nt * 8 + 2 * q] =
+                        make_float2(o[nt][0] + o[nt][2], o[nt][1] + o[nt][3]);
+                }
+                if (q == 0) {
+                    stm[r] = mx;
+                    stl[r] = l;
+                }
+            }
+        }
+        __syncthreads();               /* every page's state is written */
+
+        np = MSV_CEIL_DIV(min((s + 1) * MSV_ATTN_SPLIT, nkeys)
+                          - s * MSV_ATTN_SPLIT, (uint32_t) MSV_KV_BLOCK);
+#pragma unroll
+        for (i = 0; i < PER; i++) {
+            e = tid + i * MSV_ATTN_THREADS;
+            if (e >= ng * HD) {
+                continue;
+            }
+            g = e / HD;
+            d = e % HD;
+            ms = -INFINITY;
+            ls = 0.0f;
+            as = 0.0f;
+            for (w = 0; w < np; w++) {
+                sf = (float *) (sm + ((size_t) w * 2 + cur) * SB);
+                stm = sf + MSV_ATTN_MMA_HEADS * RS;
+                stl = stm + MSV_ATTN_MMA_HEADS;
+                msv_attn_fold(&ms, &ls, &as, stm[g], stl[g], sf[g * RS + d]);
+            }
+            if (gridDim.z == 1) {
+                msv_attn_fold(&M[i], &L[i], &A[i], ms, ls, as);
+            } else {
+                wp = (((size_t) t * a.n_heads + h0 + g) * S + s) * (HD + 2);
+                a.part[wp + d] = as;
+                if (d == 0) {
+                    a.part[wp + HD] = ms;
+                    a.part[wp + HD + 1] = ls;
+                }
+            }
+        }
+
+        if (sn >= ns) {
+            break;
+        }
+        s = sn;
+        cur ^= 1;
+    }
+#undef MSV_ATTN_MMA_FETCH
+
+    if (gridDim.z == 1) {
+#pragma unroll
+        for (i = 0; i < PER; i++) {
+            e = tid + i * MSV_ATTN_THREADS;
+            if (e < ng * HD) {
+                msv_store_act(a.out, a.out_fmt, a.n_tokens, t,
+                              (size_t) a.n_heads * HD,
+                              (size_t) h0 * HD + e, A[i] / L[i]);
+            }
+        }
+    }
+}
+
+
 /* One block per (token, head): fold the token's splits in order. */
 static __global__ void
 attention_merge_kernel(struct msv_attn_args a, uint32_t S)
@@ -587,6 +965,76 @@ attention_part_floats(uint32_t n_tokens, uint32_t n_heads, uint32_t head_dim,
 }
 
 
+/* The tensor-core form: one block per (token, kv head), per split in the
+ * parallel form. */
+static cudaError_t
+attention_mma_forward(const struct msv_attn_args *a, cudaStream_t stream)
+{
+    static int   ready[4];
+    dim3         grid;
+    size_t       smem;
+    uint32_t     S;
+    int          parallel, k;
+    cudaError_t  e;
+
+#define MSV_ATTN_MMA(HD, K)                                                  \
+    do {                                                                     \
+        if (!ready[K]) {                                                     \
+            e = cudaFuncSetAttribute(attention_mma_kernel<HD>,               \
+                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);\
+            if (e != cudaSuccess) {                                          \
+                return e;                                                    \
+            }                                                                \
+            ready[K] = 1;                                                    \
+        }                                                                    \
+        attention_mma_kernel<HD><<<grid, MSV_ATTN_THREADS, smem, stream>>>(  \
+            *a, S);                                                          \
+    } while (0)
+
+    S = MSV_CEIL_DIV(a->max_ctx, (uint32_t) MSV_ATTN_SPLIT);
+    parallel = S > 1 && a->part != NULL
+               && attention_part_floats(a->n_tokens, a->n_heads,
+                                        a->head_dim, a->max_ctx)
+                  <= a->part_floats;
+    if (a->mode == MSV_ATTN_PARALLEL && !parallel && S > 1) {
+        return cudaErrorInvalidValue;
+    }
+    if (a->mode == MSV_ATTN_FOLD
+        || (a->mode == MSV_ATTN_AUTO
+            && a->n_tokens * a->n_kv_heads >= MSV_ATTN_WIDE))
+    {
+        parallel = 0;
+    }
+
+    grid = dim3(a->n_tokens, a->n_kv_heads, parallel ? S : 1);
+    smem = msv_attn_mma_smem(a->head_dim);
+    k = a->head_dim == 16 ? 0 : a->head_dim == 32 ? 1
+        : a->head_dim == 64 ? 2 : 3;
+    switch (k) {
+    case 0:
+        MSV_ATTN_MMA(16, 0);
+        break;
+    case 1:
+        MSV_ATTN_MMA(32, 1);
+        break;
+    case 2:
+        MSV_ATTN_MMA(64, 2);
+        break;
+    default:
+        MSV_ATTN_MMA(128, 3);
+        break;
+    }
+#undef MSV_ATTN_MMA
+
+    if (parallel) {
+        attention_merge_kernel<<<dim3(a->n_tokens, a->n_heads),
+                                 a->head_dim < 128 ? 64 : 128, 0, stream>>>(
+            *a, S);
+    }
+    return cudaGetLastError();
+}
+
+
 cudaError_t
 attention_forward(const struct msv_attn_args *a, cudaStream_t stream)
 {
@@ -601,6 +1049,12 @@ attention_forward(const struct msv_attn_args *a, cudaStream_t stream)
 
     if (a->n_tokens == 0) {
         return cudaSuccess;
+    }
+    if (a->kv.kv_bf16 && a->n_heads / a->n_kv_heads <= MSV_ATTN_MMA_HEADS
+        && (a->head_dim == 16 || a->head_dim == 32 || a->head_dim == 64
+            || a->head_dim == 128))
+    {
+        return attention_mma_forward(a, stream);
     }
 
     n_groups = MSV_CEIL_DIV(a->n_heads / a->n_kv_heads,

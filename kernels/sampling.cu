@@ -757,6 +757,38 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
 
 
 /* ------------------------------------------------------------------ */
+/* Per-logit processing, one definition for every pass that does it    */
+
+/* Repetition, then frequency and presence penalties of logit id. */
+static __device__ __forceinline__ float
+msv_gs_penalize(float x, uint32_t id, uint32_t fl, const struct msv_gs_row &R,
+    const uint32_t *sn, const uint32_t *cn)
+{
+    if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
+        x = msv_rep_penalty(x, R.rep);
+    }
+    if ((fl & MSV_GS_FREQ) && cn[id] > 0) {
+        x = msv_freq_penalty(x, R.freq, cn[id], R.pres);
+    }
+    return x;
+}
+
+/* The running max, the lowest id holding it (ids rise along a thread's
+ * elements, so the first one seen wins) and the count of finite logits. */
+static __device__ __forceinline__ void
+msv_gs_note(float x, uint32_t id, float *m, uint32_t *amax, uint32_t *cnt)
+{
+    if (x != -INFINITY) {
+        (*cnt)++;
+        if (x > *m) {
+            *m = x;
+            *amax = id;
+        }
+    }
+}
+
+
+/* ------------------------------------------------------------------ */
 /* The sampling kernel: one cluster per row                             */
 
 __global__ void __cluster_dims__(MSV_GS_CLUSTER, 1, 1)
@@ -834,49 +866,25 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             for (uint32_t l = 0; l < 4; l++) {
                 x = msv_clean(e4[l]);
                 if (pen) {
-                    id = c0 + i + l;
-                    if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
-                        x = msv_rep_penalty(x, R.rep);
-                    }
-                    if ((fl & MSV_GS_FREQ) && cn[id] > 0) {
-                        x = msv_freq_penalty(x, R.freq, cn[id], R.pres);
-                    }
+                    x = msv_gs_penalize(x, c0 + i + l, fl, R, sn, cn);
                 }
                 if (temp != 1.0f) {
                     x = msv_temp_div(x, temp);
                 }
                 z[i + l] = x;
-                if (x != -INFINITY) {
-                    cnt++;
-                    if (x > m) {
-                        m = x;
-                        amax = c0 + i + l;
-                    }
-                }
+                msv_gs_note(x, c0 + i + l, &m, &amax, &cnt);
             }
         }
         for (i = n4 + threadIdx.x; i < n; i += MSV_GS_THREADS) {
             x = msv_clean(src[i]);
             if (pen) {
-                id = c0 + i;
-                if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
-                    x = msv_rep_penalty(x, R.rep);
-                }
-                if ((fl & MSV_GS_FREQ) && cn[id] > 0) {
-                    x = msv_freq_penalty(x, R.freq, cn[id], R.pres);
-                }
+                x = msv_gs_penalize(x, c0 + i, fl, R, sn, cn);
             }
             if (temp != 1.0f) {
                 x = msv_temp_div(x, temp);
             }
             z[i] = x;
-            if (x != -INFINITY) {
-                cnt++;
-                if (x > m) {            /* ids rise along the loop */
-                    m = x;
-                    amax = c0 + i;
-                }
-            }
+            msv_gs_note(x, c0 + i, &m, &amax, &cnt);
         }
     } else {
         for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
@@ -904,15 +912,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
 
         if (pen) {
             for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
-                id = c0 + i;
-                x = z[i];
-                if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
-                    x = msv_rep_penalty(x, R.rep);
-                }
-                if ((fl & MSV_GS_FREQ) && cn[id] > 0) {
-                    x = msv_freq_penalty(x, R.freq, cn[id], R.pres);
-                }
-                z[i] = x;
+                z[i] = msv_gs_penalize(z[i], c0 + i, fl, R, sn, cn);
             }
             __syncthreads();
         }
@@ -942,13 +942,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                     x = msv_temp_div(x, temp);
                     z[i] = x;
                 }
-                if (x != -INFINITY) {
-                    cnt++;
-                    if (x > m) {
-                        m = x;
-                        amax = c0 + i;
-                    }
-                }
+                msv_gs_note(x, c0 + i, &m, &amax, &cnt);
             }
         }
         MSV_GS_MARK(1);
