@@ -604,11 +604,13 @@ sub wstate { my $h = $_[0]->health; $h ? $h->{workers}[0] : {} }
 {
     my ($wa) = values %{ $ha->{workers} };
     my $hdr = { 'X-Maskserve-Affinity' => $key_of{'gpu-a'} };
-    my @short = map { req("drain-short-$_", 200) } 1 .. 2;
+    my @short = map { req("drain-short-$_", 400) } 1 .. 2;
     my @long = map { req("drain-long-$_", 4000) } 1 .. 2;
-    my @bs = map { bg($f, $_, stream => 1, headers => $hdr) } @short;
+    # the long ones first; SIGTERM as soon as the short ones run
     my @bl = map { bg($f, $_, stream => 1, headers => $hdr) } @long;
-    ok(bg_started($_), 'a stream on A') for @bs, @bl;
+    ok(bg_started($_), 'a long stream on A') for @bl;
+    my @bs = map { bg($f, $_, stream => 1, headers => $hdr) } @short;
+    ok(bg_started($_), 'a short stream on A') for @bs;
     my $logpos = -s $wa->{log};
     my $t0 = time;
     kill 'TERM', $wa->{pid};
@@ -643,7 +645,7 @@ sub wstate { my $h = $_[0]->health; $h ? $h->{workers}[0] : {} }
         my $r = bg_wait($bs[$i], 20);
         my $m = $r && $r->{done} && MsvTest::merge_events($r->{events});
         my $c = $m && $m->{choices}[0];
-        ok($c && $c->{finish_reason} eq 'length' && @{ $c->{token_ids} } == 200
+        ok($c && $c->{finish_reason} eq 'length' && @{ $c->{token_ids} } == 400
            && !MsvTest::choice_problems($short[$i], $c, $vocab),
            'a short stream on A finishes whole during the drain');
     }
