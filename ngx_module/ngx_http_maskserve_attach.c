@@ -297,6 +297,8 @@ ngx_http_maskserve_attach_done(ngx_http_maskserve_region_t *rg)
 
     rg->attached = 1;
     rg->fails = 0;
+    rg->draining = 0;
+    rg->drained = 0;
     rg->generation = rg->att.generation;
     rg->err[0] = '\0';
 
@@ -408,7 +410,7 @@ ngx_http_maskserve_attach_lost(ngx_http_maskserve_region_t *rg,
     const char *why, ngx_uint_t corrupt)
 {
     u_char                     *msg;
-    ngx_uint_t                  i;
+    ngx_uint_t                  i, state;
     ngx_http_maskserve_ctx_t   *ctx;
     ngx_http_maskserve_slot_t  *e;
 
@@ -419,6 +421,22 @@ ngx_http_maskserve_attach_lost(ngx_http_maskserve_region_t *rg,
     ngx_log_error(NGX_LOG_ERR, rg->log, 0,
                   "maskserve: worker region \"%V\" lost: %s; %ui requests "
                   "in flight", &rg->name, why, rg->inflight);
+
+    /*
+     * A worker that went after a drain (SIGTERM) left on purpose: its
+     * region leaves the registry now, so that fronts stop choosing this
+     * host at once; one that died stays there, not alive, until its key
+     * expires.  The mapping is still ours until the detach below.
+     */
+    state = atomic_load_explicit(&rg->att.rg.ctrl->state,
+                                 memory_order_relaxed);
+
+    if (!corrupt
+        && (state == MSV_WORKER_DRAINING || state == MSV_WORKER_STOPPED))
+    {
+        rg->drained = 1;
+        ngx_http_maskserve_redis_worker_remove(&rg->name);
+    }
 
     /* the worker's last rows (abort rows on shutdown) come first */
     if (!corrupt) {
@@ -710,7 +728,7 @@ ngx_http_maskserve_attach_retry_handler(ngx_event_t *ev)
 static void
 ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev)
 {
-    ngx_uint_t                       i;
+    ngx_uint_t                       i, draining;
     ngx_http_maskserve_region_t     *rg;
     ngx_http_maskserve_main_conf_t  *mcf;
 
@@ -719,6 +737,8 @@ ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev)
     if (!mcf->running) {
         return;
     }
+
+    draining = 0;
 
     for (i = 0; i < mcf->regions.nelts; i++) {
         rg = ngx_http_maskserve_region(mcf, i);
@@ -737,11 +757,23 @@ ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev)
             continue;
         }
 
+        /* a drain began: the registry hears of it now, not in a second */
+        if (!rg->draining && atomic_load_explicit(&rg->att.rg.ctrl->state,
+                                                  memory_order_relaxed)
+                             >= MSV_WORKER_DRAINING)
+        {
+            ngx_log_error(NGX_LOG_NOTICE, rg->log, 0,
+                          "maskserve: worker region \"%V\" is draining",
+                          &rg->name);
+            rg->draining = 1;
+            draining = 1;
+        }
+
         /* a safety net under the eventfd wakeups */
         ngx_http_maskserve_attach_poll(rg);
     }
 
-    if (ngx_current_msec - mcf->registry_at >= 1000) {
+    if (draining || ngx_current_msec - mcf->registry_at >= 1000) {
         ngx_http_maskserve_attach_registry(mcf);
     }
 
@@ -752,7 +784,7 @@ ngx_http_maskserve_attach_tick_handler(ngx_event_t *ev)
 static void
 ngx_http_maskserve_attach_registry(ngx_http_maskserve_main_conf_t *mcf)
 {
-    ngx_uint_t                    i, load;
+    ngx_uint_t                    i, load, state;
     struct msv_ctrl              *c;
     ngx_http_maskserve_region_t  *rg;
 
@@ -770,17 +802,24 @@ ngx_http_maskserve_attach_registry(ngx_http_maskserve_main_conf_t *mcf)
         }
 
         if (!rg->attached) {
+            if (rg->drained) {
+                continue;           /* deregistered until it is back */
+            }
+
             ngx_http_maskserve_redis_worker_update(&rg->name, 0, 0,
-                                                   rg->generation, 0);
+                                                   rg->generation, 0, 0);
             continue;
         }
 
         c = rg->att.rg.ctrl;
         load = atomic_load_explicit(&c->running, memory_order_relaxed)
                + atomic_load_explicit(&c->waiting, memory_order_relaxed);
+        state = atomic_load_explicit(&c->state, memory_order_relaxed);
+        rg->draining = (state >= MSV_WORKER_DRAINING);
 
         ngx_http_maskserve_redis_worker_update(&rg->name, c->n_slots, load,
-            rg->generation, ngx_http_maskserve_attach_ready(rg) == NGX_OK);
+            rg->generation, ngx_http_maskserve_attach_ready(rg) == NGX_OK,
+            rg->draining);
     }
 }
 

@@ -64,6 +64,7 @@ typedef struct {
     /* from the last registry scan that saw the host */
     ngx_uint_t                 regions;
     ngx_uint_t                 ready;        /* regions alive */
+    ngx_uint_t                 draining;     /* regions draining */
     ngx_uint_t                 capacity;     /* of the ready regions */
     ngx_uint_t                 load;
     uint64_t                   heartbeat;    /* newest, the host's clock */
@@ -118,6 +119,7 @@ typedef enum {
     NGX_HTTP_MASKSERVE_HOST_FULL,            /* live, no free capacity */
     NGX_HTTP_MASKSERVE_HOST_FAILING,         /* skipped after failures */
     NGX_HTTP_MASKSERVE_HOST_NOT_READY,       /* no region alive */
+    NGX_HTTP_MASKSERVE_HOST_DRAINING,        /* none alive, some draining */
     NGX_HTTP_MASKSERVE_HOST_STALE,           /* heartbeat stopped */
     NGX_HTTP_MASKSERVE_HOST_NO_ADDRESS,
     NGX_HTTP_MASKSERVE_HOST_GONE             /* registry keys expired */
@@ -164,7 +166,8 @@ static ngx_http_output_body_filter_pt  ngx_http_maskserve_fleet_next_body;
 
 
 static const char  *ngx_http_maskserve_host_states[] = {
-    "up", "full", "failing", "not_ready", "stale", "no_address", "gone"
+    "up", "full", "failing", "not_ready", "draining", "stale", "no_address",
+    "gone"
 };
 
 
@@ -508,6 +511,7 @@ ngx_http_maskserve_fleet_scanned(void *data, ngx_int_t rc,
         h->seen = 0;
         h->regions = 0;
         h->ready = 0;
+        h->draining = 0;
         h->capacity = 0;
         h->load = 0;
         h->heartbeat = 0;
@@ -525,7 +529,10 @@ ngx_http_maskserve_fleet_scanned(void *data, ngx_int_t rc,
         h->regions++;
         h->heartbeat = ngx_max(h->heartbeat, w->heartbeat);
 
-        if (w->alive && w->capacity > 0) {
+        if (w->draining) {
+            h->draining++;
+
+        } else if (w->alive && w->capacity > 0) {
             h->ready++;
             h->capacity += w->capacity;
             h->load += w->load;
@@ -700,7 +707,8 @@ ngx_http_maskserve_fleet_state(ngx_http_maskserve_fleet_host_t *h)
     }
 
     if (h->ready == 0) {
-        return NGX_HTTP_MASKSERVE_HOST_NOT_READY;
+        return h->draining ? NGX_HTTP_MASKSERVE_HOST_DRAINING
+                           : NGX_HTTP_MASKSERVE_HOST_NOT_READY;
     }
 
     if ((ngx_msec_int_t) (h->skip_until - ngx_current_msec) > 0) {
@@ -712,6 +720,50 @@ ngx_http_maskserve_fleet_state(ngx_http_maskserve_fleet_host_t *h)
     }
 
     return NGX_HTTP_MASKSERVE_HOST_UP;
+}
+
+
+ngx_int_t
+ngx_http_maskserve_fleet_targets(ngx_pool_t *pool, ngx_uint_t draining,
+    ngx_array_t *out)
+{
+    ngx_uint_t                         i;
+    ngx_http_maskserve_fleet_host_t   *h;
+    ngx_http_maskserve_host_state_e    st;
+    ngx_http_maskserve_fleet_target_t *t;
+
+    if (ngx_http_maskserve_fleet_fcf == NULL) {
+        return NGX_DECLINED;
+    }
+
+    for (i = 0; i < ngx_http_maskserve_fleet_nhosts; i++) {
+        h = &ngx_http_maskserve_fleet_hosts[i];
+        st = ngx_http_maskserve_fleet_state(h);
+
+        if (st == NGX_HTTP_MASKSERVE_HOST_GONE
+            || st == NGX_HTTP_MASKSERVE_HOST_NO_ADDRESS
+            || (st == NGX_HTTP_MASKSERVE_HOST_DRAINING && !draining))
+        {
+            continue;
+        }
+
+        t = ngx_array_push(out);
+        if (t == NULL) {
+            return NGX_ERROR;
+        }
+
+        t->name.data = ngx_pstrdup(pool, &h->name);
+        t->addr.data = ngx_pstrdup(pool, &h->addr);
+        if (t->name.data == NULL || t->addr.data == NULL) {
+            return NGX_ERROR;
+        }
+
+        t->name.len = h->name.len;
+        t->addr.len = h->addr.len;
+        t->state = ngx_http_maskserve_host_states[st];
+    }
+
+    return NGX_OK;
 }
 
 
@@ -909,7 +961,7 @@ ngx_http_maskserve_fleet_pick(ngx_http_maskserve_fleet_peer_t *fp)
         /* the owner, whatever its load: only it knows the request */
         st = ngx_http_maskserve_fleet_state(&ngx_http_maskserve_fleet_hosts[i]);
 
-        return st <= NGX_HTTP_MASKSERVE_HOST_NOT_READY ? i : -1;
+        return st <= NGX_HTTP_MASKSERVE_HOST_DRAINING ? i : -1;
     }
 
     best = -1;
@@ -1218,7 +1270,7 @@ ngx_http_maskserve_fleet_owner_found(void *data, ngx_int_t rc,
 
     if (i < 0 || ngx_http_maskserve_fleet_state(
                      &ngx_http_maskserve_fleet_hosts[i])
-                 > NGX_HTTP_MASKSERVE_HOST_NOT_READY)
+                 > NGX_HTTP_MASKSERVE_HOST_DRAINING)
     {
         p = ngx_pnalloc(r->pool, 128 + host.len);
         if (p == NULL) {
@@ -1458,12 +1510,14 @@ ngx_http_maskserve_fleet_health_handler(ngx_http_request_t *r)
         p = ngx_cpymem(p, ",\"address\":", 11);
         p = ngx_http_maskserve_fleet_json_str(p, &h->addr);
         p = ngx_sprintf(p, ",\"state\":\"%s\",\"regions\":%ui,"
-                        "\"ready_regions\":%ui,\"capacity\":%ui,\"load\":%ui,"
+                        "\"ready_regions\":%ui,\"draining_regions\":%ui,"
+                        "\"capacity\":%ui,\"load\":%ui,"
                         "\"inflight\":%ui,\"requests\":%ui,"
                         "\"heartbeat_age_ms\":%M,\"fails\":%ui,"
                         "\"skip_ms\":%M}",
                         ngx_http_maskserve_host_states[st], h->regions,
-                        h->ready, h->capacity, h->load, h->inflight,
+                        h->ready, h->draining, h->capacity, h->load,
+                        h->inflight,
                         h->requests, h->seen ? age : 0, h->fails, skip);
     }
 

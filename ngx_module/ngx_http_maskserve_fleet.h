@@ -32,6 +32,23 @@ ngx_int_t ngx_http_maskserve_fleet_health_handler(ngx_http_request_t *r);
 char *ngx_http_maskserve_fleet_check(ngx_conf_t *cf,
     ngx_http_maskserve_main_conf_t *mcf);
 
+/* a host a control request is fanned out to */
+typedef struct {
+    ngx_str_t    name;
+    ngx_str_t    addr;          /* ip:port */
+    const char  *state;         /* as in the front's /health */
+} ngx_http_maskserve_fleet_target_t;
+
+/*
+ * Every host of the registry as this process last read it whose keys
+ * exist and that has an address, whatever its load, heartbeat or
+ * failures (a host that cannot answer is then named as failed), draining
+ * hosts only when draining is set; pushed to out, copied into pool.
+ * NGX_DECLINED: this nginx is not a front.
+ */
+ngx_int_t ngx_http_maskserve_fleet_targets(ngx_pool_t *pool,
+    ngx_uint_t draining, ngx_array_t *out);
+
 /* the registry scans of a front process */
 ngx_int_t ngx_http_maskserve_fleet_init_process(ngx_cycle_t *cycle,
     ngx_http_maskserve_main_conf_t *mcf);

@@ -20,6 +20,7 @@
 #include "ngx_http_maskserve_control.h"
 #include "ngx_http_maskserve_redis.h"
 #include "ngx_http_maskserve_fleet.h"
+#include "ngx_http_maskserve_fleet_control.h"
 
 
 static ngx_int_t ngx_http_maskserve_add_variables(ngx_conf_t *cf);
@@ -258,6 +259,13 @@ static ngx_command_t  ngx_http_maskserve_commands[] = {
       0,
       (void *) ngx_http_maskserve_fleet_health_handler },
 
+    { ngx_string("maskserve_fleet_control"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_maskserve_fleet_control_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
       ngx_null_command
 };
 
@@ -313,6 +321,10 @@ static ngx_http_variable_t  ngx_http_maskserve_vars[] = {
 
     { ngx_string("maskserve_finish_reason"), NULL,
       ngx_http_maskserve_variable, NGX_HTTP_MASKSERVE_VAR_FINISH,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("maskserve_fleet_host"), NULL,
+      ngx_http_maskserve_fleet_control_variable, 0,
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable

@@ -80,6 +80,11 @@ struct ngx_http_maskserve_region_s {
     unsigned                       attached:1;
     unsigned                       attaching:1; /* hello sent, no welcome */
     unsigned                       consuming:1;
+    unsigned                       draining:1;  /* written as draining */
+    unsigned                       drained:1;   /* its worker stopped after
+                                                   a drain: out of the
+                                                   registry until the next
+                                                   attach */
 };
 
 
@@ -110,6 +115,9 @@ typedef struct {
     ngx_msec_t                     flush_interval;
     size_t                         output_limit;
     ngx_flag_t                     fleet_owner;   /* front: pin to owner */
+    ngx_str_t                      fleet_control; /* front: fan-out via */
+    ngx_flag_t                     fleet_control_draining; /* ... to
+                                                   draining hosts too */
 } ngx_http_maskserve_loc_conf_t;
 
 
@@ -201,6 +209,7 @@ struct ngx_http_maskserve_ctx_s {
     ngx_queue_t                    queue;         /* in region->dirty */
     void                          *redis_get;     /* pending lookup */
     void                          *fleet;         /* front: owner lookup */
+    void                          *fanout;        /* front: control fan-out */
 
     unsigned                       stream:1;
     unsigned                       packed:1;      /* mask_format "packed" */

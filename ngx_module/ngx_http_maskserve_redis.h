@@ -60,10 +60,19 @@ ngx_int_t ngx_http_maskserve_redis_connected(void);
  * Worker registry: HSET <prefix>:worker:<hostname>:<region>, PEXPIRE
  * 10 s, SADD <prefix>:workers <hostname>:<region>.  Call it at least
  * every few seconds per attached region (the key expires otherwise).
+ * draining: the region's worker is draining (SIGTERM), written as the
+ * "draining" field.
  */
 void ngx_http_maskserve_redis_worker_update(ngx_str_t *region,
     ngx_uint_t capacity, ngx_uint_t load, uint64_t generation,
-    ngx_int_t alive);
+    ngx_int_t alive, ngx_uint_t draining);
+
+/*
+ * Deregister a region whose worker drained: DEL its key, SREM it from
+ * <prefix>:workers (sent again after a reconnect while it is not
+ * updated again).
+ */
+void ngx_http_maskserve_redis_worker_remove(ngx_str_t *region);
 
 /* The "state" field of a request's key. */
 typedef enum {

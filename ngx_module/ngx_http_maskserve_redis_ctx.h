@@ -78,6 +78,8 @@ typedef struct {
     ngx_int_t                         alive;
     uint64_t                          heartbeat;  /* ms epoch */
     unsigned                          dirty:1;
+    unsigned                          draining:1;
+    unsigned                          removed:1;  /* deregistered */
 } msv_redis_worker_t;
 
 

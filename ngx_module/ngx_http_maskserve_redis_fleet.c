@@ -250,6 +250,9 @@ msv_redis_scan_field(ngx_http_maskserve_redis_worker_rec_t *w, redisReply *k,
     } else if (msv_field_is("alive")) {
         w->alive = n ? 1 : 0;
 
+    } else if (msv_field_is("draining")) {
+        w->draining = n ? 1 : 0;
+
     } else if (msv_field_is("heartbeat")) {
         w->heartbeat = (uint64_t) n;
     }

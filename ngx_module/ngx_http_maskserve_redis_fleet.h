@@ -25,6 +25,7 @@ typedef struct {
     ngx_uint_t   capacity;
     ngx_uint_t   load;
     ngx_uint_t   alive;
+    ngx_uint_t   draining;      /* its worker is draining (SIGTERM) */
     uint64_t     heartbeat;     /* ms epoch, the host's clock */
     unsigned     present:1;     /* the key existed */
 } ngx_http_maskserve_redis_worker_rec_t;

@@ -31,6 +31,10 @@ static ngx_int_t msv_redis_entry_send(msv_redis_ctx_t *ctx,
     msv_redis_entry_t *e);
 static ngx_int_t msv_redis_worker_send(msv_redis_ctx_t *ctx,
     msv_redis_worker_t *w);
+static ngx_int_t msv_redis_worker_send_remove(msv_redis_ctx_t *ctx,
+    msv_redis_worker_t *w);
+static msv_redis_worker_t *msv_redis_worker_find(msv_redis_ctx_t *ctx,
+    ngx_str_t *region);
 static msv_redis_entry_t *msv_redis_entry_find(msv_redis_ctx_t *ctx,
     ngx_str_t *id, ngx_uint_t hash);
 static msv_redis_entry_t *msv_redis_entry_new(msv_redis_ctx_t *ctx,
@@ -117,9 +121,8 @@ msv_redis_worker_cb(redisAsyncContext *ac, void *r, void *privdata)
 void
 ngx_http_maskserve_redis_worker_update(ngx_str_t *region,
     ngx_uint_t capacity, ngx_uint_t load, uint64_t generation,
-    ngx_int_t alive)
+    ngx_int_t alive, ngx_uint_t draining)
 {
-    ngx_uint_t           i;
     msv_redis_ctx_t     *ctx;
     msv_redis_worker_t  *w;
 
@@ -135,16 +138,7 @@ ngx_http_maskserve_redis_worker_update(ngx_str_t *region,
         return;
     }
 
-    w = NULL;
-
-    for (i = 0; i < ctx->nwk; i++) {
-        if (ctx->wk[i].region_len == region->len
-            && ngx_memcmp(ctx->wk[i].region, region->data, region->len) == 0)
-        {
-            w = &ctx->wk[i];
-            break;
-        }
-    }
+    w = msv_redis_worker_find(ctx, region);
 
     if (w == NULL) {
         if (ctx->nwk == MSV_REDIS_MAX_WORKERS) {
@@ -164,12 +158,60 @@ ngx_http_maskserve_redis_worker_update(ngx_str_t *region,
     w->load = load;
     w->generation = generation;
     w->alive = alive ? 1 : 0;
+    w->draining = draining ? 1 : 0;
+    w->removed = 0;
     w->heartbeat = msv_redis_now_ms();
     w->dirty = 1;
 
     if (msv_redis_can_send(ctx)) {
         (void) msv_redis_worker_send(ctx, w);
     }
+}
+
+
+void
+ngx_http_maskserve_redis_worker_remove(ngx_str_t *region)
+{
+    msv_redis_ctx_t     *ctx;
+    msv_redis_worker_t  *w;
+
+    ctx = msv_redis;
+
+    if (ctx == NULL || region->len > MSV_NAME_MAX) {
+        return;
+    }
+
+    w = msv_redis_worker_find(ctx, region);
+
+    if (w == NULL || w->removed) {
+        return;                 /* never written: nothing to take back */
+    }
+
+    w->removed = 1;
+    w->alive = 0;
+    w->heartbeat = msv_redis_now_ms();
+    w->dirty = 1;
+
+    if (msv_redis_can_send(ctx)) {
+        (void) msv_redis_worker_send_remove(ctx, w);
+    }
+}
+
+
+static msv_redis_worker_t *
+msv_redis_worker_find(msv_redis_ctx_t *ctx, ngx_str_t *region)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < ctx->nwk; i++) {
+        if (ctx->wk[i].region_len == region->len
+            && ngx_memcmp(ctx->wk[i].region, region->data, region->len) == 0)
+        {
+            return &ctx->wk[i];
+        }
+    }
+
+    return NULL;
 }
 
 
@@ -385,7 +427,12 @@ msv_redis_flush_handler(ngx_event_t *ev)
             goto done;
         }
 
-        (void) msv_redis_worker_send(ctx, &ctx->wk[i]);
+        if (ctx->wk[i].removed) {
+            (void) msv_redis_worker_send_remove(ctx, &ctx->wk[i]);
+
+        } else {
+            (void) msv_redis_worker_send(ctx, &ctx->wk[i]);
+        }
     }
 
 done:
@@ -482,6 +529,8 @@ msv_redis_worker_send(msv_redis_ctx_t *ctx, msv_redis_worker_t *w)
     msv_redis_arg_uint(&cmd, w->generation);
     msv_redis_arg_cstr(&cmd, "alive");
     msv_redis_arg_uint(&cmd, (uint64_t) w->alive);
+    msv_redis_arg_cstr(&cmd, "draining");
+    msv_redis_arg_uint(&cmd, (uint64_t) w->draining);
     msv_redis_arg_cstr(&cmd, "heartbeat");
     msv_redis_arg_uint(&cmd, w->heartbeat);
 
@@ -519,6 +568,49 @@ msv_redis_worker_send(msv_redis_ctx_t *ctx, msv_redis_worker_t *w)
         w->dirty = 1;
         return NGX_ERROR;
     }
+
+    return NGX_OK;
+}
+
+
+/* the region's worker drained: its key and its member go */
+static ngx_int_t
+msv_redis_worker_send_remove(msv_redis_ctx_t *ctx, msv_redis_worker_t *w)
+{
+    ngx_str_t        region;
+    msv_redis_cmd_t  cmd;
+
+    region.data = w->region;
+    region.len = w->region_len;
+
+    msv_redis_cmd_init(&cmd);
+    msv_redis_arg_cstr(&cmd, "DEL");
+    msv_redis_arg_fmt(&cmd, "%V:worker:%V:%V", &ctx->prefix, &ctx->hostname,
+                      &region);
+
+    if (msv_redis_link_send(&ctx->cmd, msv_redis_worker_cb, w, &cmd)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    w->dirty = 0;
+
+    msv_redis_cmd_init(&cmd);
+    msv_redis_arg_cstr(&cmd, "SREM");
+    msv_redis_arg(&cmd, ctx->workers.data, ctx->workers.len);
+    msv_redis_arg_fmt(&cmd, "%V:%V", &ctx->hostname, &region);
+
+    if (msv_redis_link_send(&ctx->cmd, msv_redis_worker_cb, w, &cmd)
+        != NGX_OK)
+    {
+        w->dirty = 1;
+        return NGX_ERROR;
+    }
+
+    ngx_log_error(NGX_LOG_NOTICE, ctx->log, 0,
+                  "maskserve redis: worker region \"%V\" deregistered "
+                  "(drained)", &region);
 
     return NGX_OK;
 }

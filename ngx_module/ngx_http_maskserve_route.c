@@ -338,7 +338,8 @@ ngx_http_maskserve_route_pick_n(ngx_http_maskserve_main_conf_t *mcf,
     ngx_http_maskserve_loc_conf_t *lcf, ngx_uint_t want,
     ngx_http_maskserve_err_t *err)
 {
-    ngx_uint_t                    i, n, used, best_used, attached, paused;
+    ngx_uint_t                    i, n, used, best_used, attached, paused,
+                                  draining;
     ngx_http_maskserve_region_t  *rg, *best;
 
     n = ngx_http_maskserve_loc_nregions(mcf, lcf);
@@ -347,6 +348,7 @@ ngx_http_maskserve_route_pick_n(ngx_http_maskserve_main_conf_t *mcf,
     best_used = 0;
     attached = 0;
     paused = 0;
+    draining = 0;
 
     for (i = 0; i < n; i++) {
         rg = ngx_http_maskserve_loc_region(mcf, lcf, i);
@@ -356,6 +358,14 @@ ngx_http_maskserve_route_pick_n(ngx_http_maskserve_main_conf_t *mcf,
         }
 
         attached++;
+
+        if (atomic_load_explicit(&rg->att.rg.ctrl->state,
+                                 memory_order_relaxed)
+            >= MSV_WORKER_DRAINING)
+        {
+            draining++;
+            continue;
+        }
 
         if (ngx_http_maskserve_attach_ready(rg) != NGX_OK) {
             continue;
@@ -397,6 +407,13 @@ ngx_http_maskserve_route_pick_n(ngx_http_maskserve_main_conf_t *mcf,
                                  NGX_HTTP_MASKSERVE_OVERLOAD, NULL,
                                  "generation is paused (POST "
                                  "/inference/v1/resume); retry later");
+
+    } else if (draining > 0 && draining == attached) {
+        ngx_http_maskserve_error(err, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                 NGX_HTTP_MASKSERVE_OVERLOAD, NULL,
+                                 "the maskserve worker is draining (shutting "
+                                 "down) and takes no new request; retry "
+                                 "later or on another host");
 
     } else if (attached == 0) {
         ngx_http_maskserve_error(err, NGX_HTTP_SERVICE_UNAVAILABLE,

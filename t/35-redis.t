@@ -208,7 +208,7 @@ my $reg = MsvTest::wait_for(sub { hgetall($wkey) }, 5);
 ok($reg, "registry key $wkey") or diag(explain($t->redis_cmd('KEYS', '*')));
 $reg //= {};
 is_deeply([sort keys %$reg],
-          [sort qw(host region capacity load generation alive heartbeat)],
+          [sort qw(host region capacity load generation alive draining heartbeat)],
           'registry key has the documented fields');
 is($reg->{host}, $HOST, 'registry host');
 is($reg->{region}, $region, 'registry region');

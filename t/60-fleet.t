@@ -21,6 +21,15 @@
 #     clean end) within seconds, the other
 #     host's streams finish, new requests go to the other host, the dead
 #     host is shown failing then stale, and nothing hangs;
+#   - control endpoints fanned out from the front: pause pauses both
+#     hosts (each host's /health), resume resumes both, a weight update
+#     reaches both, flush and abort_requests (all) too, a bad field is the
+#     hosts' 400, and with one host down the answer names it as failed;
+#   - a host drained (SIGTERM to its worker) mid-load: its short streams
+#     finish, its long ones end at --drain-timeout with the "shutting
+#     down" error, it leaves the registry and the front's choice at once
+#     (not after the keys expire), new requests all go to the other host,
+#     and it registers again when its worker is back;
 #   - configuration errors (nginx -t).
 #
 # With MSV_FLEET_NETNS=1 (t/61-fleet-netns.t) each host runs in its own
@@ -38,6 +47,8 @@ use Time::HiRes qw(sleep time);
 use MsvTest;
 
 my $PREFIX = 't60';
+my $DRAIN = 2;      # the hosts' --drain-timeout, s
+my $MODEL;          # the hosts' checkpoint, which update_weights reloads
 my $true = JSON::PP::true;
 my $json = JSON::PP->new->canonical;
 
@@ -101,6 +112,20 @@ my $rd = MsvTest->new;    # Redis, beside the front
 my $rport = $rd->start_redis(args => $NETNS
     ? ['--bind', '127.0.0.1', $nsa{gw}, $nsb{gw}, '--protected-mode', 'no']
     : []);
+# the tiny fixture with room for 4000-token streams
+$MODEL = $rd->dir . "/model";
+mkdir $MODEL or die "t60: $MODEL: $!";
+{
+    my $src = "$MsvTest::ROOT/t/fixtures/qwen3-tiny";
+    open my $in, '<', "$src/config.json" or die "t60: $src/config.json: $!";
+    my $cfg = decode_json(do { local $/; <$in> });
+    $cfg->{max_position_embeddings} = 4096;
+    open my $out, '>', "$MODEL/config.json" or die;
+    print $out encode_json($cfg);
+    close $out;
+    symlink("$src/model.safetensors", "$MODEL/model.safetensors") or die;
+}
+
 my $ha = NsHost->new(redis_port => $rport, %nsa);
 my $hb = NsHost->new(redis_port => $rport, %nsb);
 
@@ -109,12 +134,20 @@ for my $h ([$ha, 'gpu-a'], [$hb, 'gpu-b']) {
     my ($t, $name) = @$h;
     my $addr = $t->{addr} // '127.0.0.1';
     $t->{port} = MsvTest::free_port();
-    $t->start_worker(name => "t60-$$-$name", slots => 32, max_model_len => 4096);
+    $t->start_worker(name => "t60-$$-$name", slots => 32, max_model_len => 4096,
+                     model_dir => $MODEL,
+                     args => ['--weight-version', 'w0', '--drain-timeout', $DRAIN]);
     $host{"$addr:$t->{port}"} = $name;
     $t->start_nginx(processes => 1, http =>
           "    maskserve_redis_prefix $PREFIX;\n"
         . "    maskserve_hostname $name;\n"
-        . "    maskserve_fleet_address $addr:$t->{port};\n");
+        . "    maskserve_fleet_address $addr:$t->{port};\n",
+        server => join '', map { "        location = /inference/v1/$_->[0] {\n"
+                                 . "            $_->[1];\n        }\n" }
+            ['pause', 'maskserve_pause'], ['resume', 'maskserve_resume'],
+            ['update_weights_from_disk', 'maskserve_update_weights'],
+            ['flush_cache', 'maskserve_flush_cache'],
+            ['abort_requests', 'maskserve_abort_requests']);
 }
 
 my $f = MsvTest->new(redis_port => $rport);
@@ -177,6 +210,35 @@ http {
 
         location = /health {
             maskserve_fleet_health;
+        }
+
+        # control endpoints: to every GPU host, one answer
+        location = /inference/v1/pause {
+            maskserve_fleet_control /fleet_host;
+        }
+
+        location = /inference/v1/resume {
+            maskserve_fleet_control /fleet_host;
+        }
+
+        location = /inference/v1/update_weights_from_disk {
+            maskserve_fleet_control /fleet_host;
+        }
+
+        location = /inference/v1/flush_cache {
+            maskserve_fleet_control /fleet_host;
+        }
+
+        location = /inference/v1/abort_requests {
+            maskserve_fleet_control /fleet_host draining;
+        }
+
+        location = /fleet_host {
+            internal;
+            proxy_pass http://\$maskserve_fleet_host\$request_uri;
+            proxy_connect_timeout 2s;
+            proxy_read_timeout 120s;
+            subrequest_output_buffer_size 64k;
         }
     }
 }
@@ -469,6 +531,150 @@ my %key_of;    # host -> an affinity key that lands there
     unlike($f->error_log, qr/\[alert\]|\[crit\]|exited on signal/, 'no alert or crash');
 }
 
+# ---------------------------------------------------------------- control fan-out
+
+sub fan { my ($path, $body) = @_; $f->post("/inference/v1/$path", $body // {}) }
+sub by_host { +{ map { $_->{host} => $_ } @{ ($_[0]{json} // {})->{hosts} // [] } } }
+sub wstate { my $h = $_[0]->health; $h ? $h->{workers}[0] : {} }
+
+{
+    my $p = fan('pause', { mode => 'abort' });
+    is($p->{status}, 200, 'pause from the front: 200') or diag($p->{content});
+    my $bh = by_host($p);
+    is_deeply([sort keys %$bh], ['gpu-a', 'gpu-b'], '... the answer names both hosts');
+    for my $n ('gpu-a', 'gpu-b') {
+        is($host{$bh->{$n}{address} // ''}, $n, "... $n with its address");
+        is($bh->{$n}{status}, 200, "... $n: 200");
+        ok($bh->{$n}{ok} && $bh->{$n}{response}{paused}, "... $n: paused, says its answer");
+    }
+    is($p->{json}{hosts_ok}, 2, '... hosts_ok 2');
+    is_deeply($p->{json}{failed}, [], '... none failed');
+    is(wstate($_)->{pause_state}, 'paused', "host /health: paused") for $ha, $hb;
+    is(call($f, req('while-paused', 2))->{status}, 503,
+       'generate through the front while both are paused: 503');
+
+    my $rs = fan('resume');
+    is($rs->{status}, 200, 'resume from the front: 200') or diag($rs->{content});
+    ok(by_host($rs)->{$_}{response}{resumed}, "... $_ resumed") for 'gpu-a', 'gpu-b';
+    is(wstate($_)->{pause_state}, 'running', "host /health: running") for $ha, $hb;
+    is(call($f, req('after-resume', 2))->{status}, 200, 'generation through the front again');
+
+    my $u = fan('update_weights_from_disk',
+                { model_path => $MODEL, weight_version => 'fleet-2' });
+    is($u->{status}, 200, 'weight update from the front: 200') or diag($u->{content});
+    for my $n ('gpu-a', 'gpu-b') {
+        my $h = by_host($u)->{$n} // {};
+        ok($h->{ok} && $h->{response}{updated}, "... $n updated, says its answer");
+        is($h->{response}{weight_version}, 'fleet-2', "... $n: weight_version fleet-2");
+    }
+    is(wstate($_)->{weight_version}, 'fleet-2', 'host /health: serves fleet-2') for $ha, $hb;
+
+    my $fl = fan('flush_cache');
+    is($fl->{status}, 200, 'flush_cache from the front: 200');
+    ok(by_host($fl)->{$_}{response}{flushed}, "... $_ flushed") for 'gpu-a', 'gpu-b';
+
+    # abort_requests with no ids: every request in flight on every host
+    my @s = map { bg($f, req("fan-abort-$_", 4000), stream => 1,
+                     headers => { 'X-Maskserve-Affinity' => $key_of{$_} }) } 'gpu-a', 'gpu-b';
+    bg_started($_) for @s;
+    my $ab = fan('abort_requests', {});
+    is($ab->{status}, 200, 'abort_requests (all) from the front: 200');
+    is(by_host($ab)->{$_}{response}{aborted}, 1, "... one aborted on $_") for 'gpu-a', 'gpu-b';
+    for (@s) {
+        my $r = bg_wait($_, 20);
+        my $m = $r && MsvTest::merge_events($r->{events});
+        is($m && $m->{choices}[0]{finish_reason}, 'abort', '... its stream ends, finish_reason abort');
+    }
+
+    # bad input: every host refuses it alike, and the front says so
+    my $bad = fan('pause', { mode => 'sideways' });
+    is($bad->{status}, 400, 'a bad mode: 400, as the hosts answer');
+    is($bad->{json}{error}{type}, 'invalid_request_error', '... invalid_request_error');
+    like($bad->{json}{error}{message} // '', qr/^2 of 2 GPU hosts failed: gpu-[ab] .*; gpu-[ab] /,
+         '... naming the hosts');
+    is(by_host($bad)->{$_}{response}{error}{param}, 'mode', "... $_ names the field mode")
+        for 'gpu-a', 'gpu-b';
+    is(wstate($_)->{pause_state}, 'running', 'and nothing paused') for $ha, $hb;
+    is($f->get('/inference/v1/pause')->{status}, 405, 'GET on a fan-out endpoint: 405');
+}
+
+# ---------------------------------------------------------------- drain
+
+# a host drained mid-load: SIGTERM to its worker
+{
+    my ($wa) = values %{ $ha->{workers} };
+    my $hdr = { 'X-Maskserve-Affinity' => $key_of{'gpu-a'} };
+    my @short = map { req("drain-short-$_", 400) } 1 .. 2;
+    my @long = map { req("drain-long-$_", 4000) } 1 .. 2;
+    # the long ones first; SIGTERM as soon as the short ones run
+    my @bl = map { bg($f, $_, stream => 1, headers => $hdr) } @long;
+    ok(bg_started($_), 'a long stream on A') for @bl;
+    my @bs = map { bg($f, $_, stream => 1, headers => $hdr) } @short;
+    ok(bg_started($_), 'a short stream on A') for @bs;
+    my $logpos = -s $wa->{log};
+    my $t0 = time;
+    kill 'TERM', $wa->{pid};
+
+    ok(MsvTest::wait_for(sub {
+        my $h = fhealth(); my $g = fhealth();
+        hstate($h, 'gpu-a') =~ /^(draining|gone)$/ && hstate($g, 'gpu-a') =~ /^(draining|gone)$/;
+    }, 2, 0.02), 'the front sees A draining within 2 s');
+    my @hosts = map {
+        my $r = call($f, req("drain-new-$_", 3), headers => $hdr);
+        $r->{status} == 200 ? $r->{host} : "status $r->{status}";
+    } 1 .. 6;
+    is_deeply(\@hosts, [('gpu-b') x 6], "new requests, A's group included, all go to B");
+    my $direct = $ha->generate({ token_ids => [1], sampling_params => { max_tokens => 1 } });
+    is($direct->{status}, 503, "A's nginx takes no new request: 503");
+    ok($direct->{headers}{'retry-after'}, '... with Retry-After');
+
+    my $st;
+    MsvTest::wait_for(sub {
+        my $r = waitpid($wa->{pid}, WNOHANG);
+        $st = $? if $r == $wa->{pid};
+        $r == $wa->{pid};
+    }, $DRAIN + 8);
+    my $t_exit = time;
+    is($st, 0, "the worker exits 0");
+    cmp_ok($t_exit - $t0, '<', $DRAIN + 3, "within --drain-timeout ($DRAIN s) and a margin");
+    $wa->{pid} = 0;
+    like(MsvTest::_tail($wa->{log}, 30), qr/stopping: draining 4 requests/,
+         'the 4 streams were in flight when the drain began');
+
+    for my $i (0 .. $#bs) {
+        my $r = bg_wait($bs[$i], 20);
+        my $m = $r && $r->{done} && MsvTest::merge_events($r->{events});
+        my $c = $m && $m->{choices}[0];
+        ok($c && $c->{finish_reason} eq 'length' && @{ $c->{token_ids} } == 400
+           && !MsvTest::choice_problems($short[$i], $c, $vocab),
+           'a short stream on A finishes whole during the drain');
+    }
+    for my $h (@bl) {
+        my $r = bg_wait($h, 20);
+        my $e = $r && $r->{events}[-1]{error};
+        ok($r && $r->{done} && $e && ($e->{message} // '') =~ /shutting down/,
+           'a long one ends at the deadline with the "shutting down" error and [DONE]')
+            or diag(explain($r && $r->{events}[-1]));
+    }
+
+    ok(MsvTest::wait_for(sub {
+        hstate(fhealth(), 'gpu-a') eq 'gone' && hstate(fhealth(), 'gpu-a') eq 'gone' }, 2, 0.02),
+       'A is gone from the front within 2 s of the exit (its keys did not expire: removed)');
+    cmp_ok(time - $t_exit, '<', 3, '... not after the 10 s expiry');
+    is_deeply($rd->redis_cmd('KEYS', "$PREFIX:worker:gpu-a:*"), [], "A's registry key is removed");
+    ok(!grep({ /^gpu-a:/ } @{ $rd->redis_cmd('SMEMBERS', "$PREFIX:workers") // [] }),
+       "... and its member of $PREFIX:workers");
+    like($ha->error_log, qr/deregistered \(drained\)/, "A's nginx logs the deregistration");
+    is(hstate(fhealth(), 'gpu-b'), 'up', 'B stays up');
+
+    $ha->restart_worker($wa);
+    ok(MsvTest::wait_for(sub {
+        hstate(fhealth(), 'gpu-a') eq 'up' && hstate(fhealth(), 'gpu-a') eq 'up' }, 10),
+       'its worker back, A registers again and is up');
+    my $r = call($f, req('drain-back', 3), headers => $hdr);
+    is($r->{host}, 'gpu-a', "A's group goes to A again");
+}
+
 # a host killed mid-load
 {
     my @on_a = map { bg($f, req("kill-a-$_", 4000), stream => 1,
@@ -481,6 +687,17 @@ my %key_of;    # host -> an affinity key that lands there
     kill_nginx($ha);
     $ha->stop_worker($_, 'KILL') for values %{ $ha->{workers} };
     my $t_kill = time;
+
+    # a control request meanwhile: the dead host (its keys not yet
+    # expired) is named as failed, the live one did it
+    my $fl = fan('flush_cache');
+    is($fl->{status}, 502, 'flush_cache from the front with a host down: 502');
+    is_deeply($fl->{json}{failed}, ['gpu-a'], '... naming it as failed');
+    is(by_host($fl)->{'gpu-b'}{status}, 200, '... the live host did it');
+    ok(!by_host($fl)->{'gpu-a'}{ok} && by_host($fl)->{'gpu-a'}{error},
+       '... the dead one: not ok, and why');
+    like($fl->{json}{error}{message} // '', qr/^1 of 2 GPU hosts failed: gpu-a \([\d.]+:\d+\) 502/,
+         '... in the message too');
 
     for my $h (@on_a) {
         my $r = bg_wait($h, 15);

@@ -3,11 +3,15 @@
  * load a model, create the shared-memory region, then schedule, run,
  * sample and publish until SIGTERM.
  *
- * On SIGTERM or SIGINT the worker stops admitting (state DRAINING), aborts
- * every submitted and running request with abort reason "shutdown" (each
- * gets its abort row), waits up to --drain-timeout for attached readers
- * to consume those rows, then marks the region STOPPED and unlinks it.
- * A second signal skips the wait.
+ * On SIGTERM or SIGINT the worker drains: it stops admitting (state
+ * DRAINING: nginx takes no new request for it and takes it out of the
+ * Redis registry) and keeps stepping the requests in flight until they
+ * have all finished or --drain-timeout has passed (no reader attached:
+ * nobody would read them, so at once).  Those still running then are
+ * aborted with abort reason "shutdown" (each gets its abort row); the
+ * readers get up to MSV_DRAIN_READERS_NS more to consume those rows, then
+ * the region is marked STOPPED and unlinked.  A second signal ends the
+ * drain at once and skips the wait.
  */
 
 #include <errno.h>
@@ -72,6 +76,9 @@ static uint64_t               msv_step_timeout_ns;
 /* the main loop comes round every 100 ms when idle; this late, it hangs */
 #define MSV_LOOP_HUNG_NS      2000000000ULL
 
+/* after the drain deadline: how long readers have to read the abort rows */
+#define MSV_DRAIN_READERS_NS  1000000000ULL
+
 
 static void
 msv_on_signal(int sig)
@@ -119,7 +126,9 @@ msv_usage(FILE *f)
 "  --sampler auto|cpu       where tokens are sampled (default auto: on the\n"
 "                           GPU with the CUDA backend, else on the CPU)\n"
 "  --reader-timeout SEC     evict a reader that stalls the ring (default 10)\n"
-"  --drain-timeout SEC      on SIGTERM, wait for readers (default 2)\n"
+"  --drain-timeout SEC      on SIGTERM, the requests in flight have this\n"
+"                           long to finish; those still running then end\n"
+"                           with a \"shutting down\" error (default 30)\n"
 "  --step-timeout SEC       a step running longer is hung: the heartbeat\n"
 "                           stops (default 600)\n"
 "  --group NAME|GID         region and socket 0660 for this group (nginx's\n"
@@ -208,7 +217,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
     o->max_logprobs = 128;
     o->ring_bytes = 64ULL << 20;
     o->reader_timeout = 10.0;
-    o->drain_timeout = 2.0;
+    o->drain_timeout = 30.0;
     o->step_timeout = 600.0;
 
     while ((c = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
@@ -757,15 +766,45 @@ main(int argc, char **argv)
         atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
     }
 
-    /* drain */
-    msv_info("stopping: aborting %u requests", msv_sched_pending(&sched));
+    /* drain: nothing new; the requests in flight run to their end or to
+     * the deadline, whichever comes first */
     atomic_store(&rg.ctrl->state, MSV_WORKER_DRAINING);
+    if (rc == 0) {
+        msv_info("stopping: draining %u requests, %.1f s to finish",
+                 msv_sched_pending(&sched), o.drain_timeout);
+        t0 = msv_now_ns();
+        while (msv_stop < 2 && msv_sched_pending(&sched) > 0
+               && msv_ipc_readers(&ipc) > 0
+               && msv_now_ns() - t0 < (uint64_t) (o.drain_timeout * 1e9))
+        {
+            atomic_store_explicit(&msv_loop_ns, msv_now_ns(),
+                                  memory_order_relaxed);
+            msv_ipc_poll(&ipc, msv_sched_runnable(&sched) ? 0 : 10);
+            if (msv_control_poll(&control) != 0) {
+                msv_err("fatal: %s", sched.err);
+                rc = 1;
+                break;
+            }
+            atomic_store_explicit(&msv_step_ns, msv_now_ns(),
+                                  memory_order_relaxed);
+            if (msv_sched_step(&sched) < 0) {
+                atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
+                msv_err("fatal: %s", sched.err);
+                rc = 1;
+                break;
+            }
+            atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
+        }
+    }
+
+    /* the deadline: what still runs ends with an explicit error */
+    msv_info("stopping: aborting %u requests", msv_sched_pending(&sched));
     if (rc == 0 && msv_sched_abort_all(&sched, MSV_ABORT_SHUTDOWN) == 0) {
         t0 = msv_now_ns();
         head = atomic_load(&rg.ctrl->head);
         while (msv_stop < 2 && msv_ipc_readers(&ipc) > 0
                && msv_ring_min_tail(rg.ctrl, head) < head
-               && msv_now_ns() - t0 < (uint64_t) (o.drain_timeout * 1e9))
+               && msv_now_ns() - t0 < MSV_DRAIN_READERS_NS)
         {
             atomic_store_explicit(&msv_loop_ns, msv_now_ns(),
                                   memory_order_relaxed);
