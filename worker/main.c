@@ -503,6 +503,37 @@ msv_forget(void *ud, uint32_t slot)
 }
 
 
+/*
+ * One turn of the main loop: submissions and reader events (waiting up
+ * to idle_ms when nothing can run), the control mailbox between two
+ * steps, then a step.  A signal count reaching stop_at while polling
+ * skips the step.  -1 (the scheduler's error logged): the worker must
+ * stop.
+ */
+static int
+msv_loop_once(struct msv_ipc *ipc, struct msv_control *control,
+    struct msv_sched *sched, int idle_ms, int stop_at)
+{
+    atomic_store_explicit(&msv_loop_ns, msv_now_ns(), memory_order_relaxed);
+    msv_ipc_poll(ipc, msv_sched_runnable(sched) ? 0 : idle_ms);
+    if (msv_stop >= stop_at) {
+        return 0;
+    }
+    if (msv_control_poll(control) != 0) {
+        msv_err("fatal: %s", sched->err);
+        return -1;
+    }
+    atomic_store_explicit(&msv_step_ns, msv_now_ns(), memory_order_relaxed);
+    if (msv_sched_step(sched) < 0) {
+        atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
+        msv_err("fatal: %s", sched->err);
+        return -1;
+    }
+    atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
+    return 0;
+}
+
+
 int
 main(int argc, char **argv)
 {
@@ -743,27 +774,10 @@ main(int argc, char **argv)
     /* serve */
     rc = 0;
     while (!msv_stop) {
-        atomic_store_explicit(&msv_loop_ns, msv_now_ns(),
-                              memory_order_relaxed);
-        msv_ipc_poll(&ipc, msv_sched_runnable(&sched) ? 0 : 100);
-        if (msv_stop) {
-            break;
-        }
-        /* commands act between two steps */
-        if (msv_control_poll(&control) != 0) {
-            msv_err("fatal: %s", sched.err);
+        if (msv_loop_once(&ipc, &control, &sched, 100, 1) != 0) {
             rc = 1;
             break;
         }
-        atomic_store_explicit(&msv_step_ns, msv_now_ns(),
-                              memory_order_relaxed);
-        if (msv_sched_step(&sched) < 0) {
-            atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
-            msv_err("fatal: %s", sched.err);
-            rc = 1;
-            break;
-        }
-        atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
     }
 
     /* drain: nothing new; the requests in flight run to their end or to
@@ -777,23 +791,10 @@ main(int argc, char **argv)
                && msv_ipc_readers(&ipc) > 0
                && msv_now_ns() - t0 < (uint64_t) (o.drain_timeout * 1e9))
         {
-            atomic_store_explicit(&msv_loop_ns, msv_now_ns(),
-                                  memory_order_relaxed);
-            msv_ipc_poll(&ipc, msv_sched_runnable(&sched) ? 0 : 10);
-            if (msv_control_poll(&control) != 0) {
-                msv_err("fatal: %s", sched.err);
+            if (msv_loop_once(&ipc, &control, &sched, 10, 2) != 0) {
                 rc = 1;
                 break;
             }
-            atomic_store_explicit(&msv_step_ns, msv_now_ns(),
-                                  memory_order_relaxed);
-            if (msv_sched_step(&sched) < 0) {
-                atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
-                msv_err("fatal: %s", sched.err);
-                rc = 1;
-                break;
-            }
-            atomic_store_explicit(&msv_step_ns, 0, memory_order_relaxed);
         }
     }
 
