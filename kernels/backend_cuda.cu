@@ -1900,6 +1900,11 @@ msv_cuda_stage_weights(struct msv_backend *b, const struct msv_weights *w,
 
     *staged = NULL;
 
+    /* every tensor with the shape the config gives, as at create */
+    if (msv_weights_check(&b->cfg, w, err, errlen) != 0) {
+        return -1;
+    }
+
     /* the device is per thread: this one has not chosen it yet */
     MSV_CUDA_TRY(cudaSetDevice(b->device), err, errlen);
     MSV_CUDA_TRY(cudaMemGetInfo(&dev_free, &dev_total), err, errlen);
