@@ -6,10 +6,10 @@
  * widened); norms and biases are fp32.  q/k/v and gate/up are fused into
  * one matrix each.  A weight update builds a second copy the same way,
  * on a stream of its own while steps go on, and swaps it in between two
- * steps (stage_weights, commit_weights).  The residual stream and every intermediate are fp32;
- * products with bf16 weights read the activations rounded to bf16 (the
- * default precision) or split into bf16 hi + lo (MSV_ACT_BF16X2,
- * MSV_CUDA_ACT=split).  KV is in pages of MSV_KV_BLOCK tokens, bf16 by
+ * steps (stage_weights, commit_weights).  The residual stream and every
+ * intermediate are fp32; products with bf16 weights read the activations
+ * rounded to bf16 (the default precision) or split into bf16 hi + lo
+ * (MSV_ACT_BF16X2, MSV_CUDA_ACT=split).  KV is in pages of MSV_KV_BLOCK tokens, bf16 by
  * default and fp32 in split precision; the page ids come from the
  * batch's page tables (worker/kv.h).
  */
