@@ -1,13 +1,15 @@
 /*
  * backend_cuda.cu: the CUDA backend (struct msv_backend_ops).
  *
- * Weights are uploaded once at create: matrices stay bf16 when the
+ * Weights are uploaded at create: matrices stay bf16 when the
  * checkpoint tensor is bf16 and become fp32 otherwise (fp32 as is, fp16
  * widened); norms and biases are fp32.  q/k/v and gate/up are fused into
- * one matrix each.  The residual stream and every intermediate are fp32;
- * products with bf16 weights read the activations rounded to bf16 (the
- * default precision) or split into bf16 hi + lo (MSV_ACT_BF16X2,
- * MSV_CUDA_ACT=split).  KV is in pages of MSV_KV_BLOCK tokens, bf16 by
+ * one matrix each.  A weight update builds a second copy the same way,
+ * on a stream of its own while steps go on, and swaps it in between two
+ * steps (stage_weights, commit_weights).  The residual stream and every
+ * intermediate are fp32; products with bf16 weights read the activations
+ * rounded to bf16 (the default precision) or split into bf16 hi + lo
+ * (MSV_ACT_BF16X2, MSV_CUDA_ACT=split).  KV is in pages of MSV_KV_BLOCK tokens, bf16 by
  * default and fp32 in split precision; the page ids come from the
  * batch's page tables (worker/kv.h).
  */
@@ -63,6 +65,43 @@ struct msv_cuda_layer {
     struct msv_dmat   o;               /* [hidden][nh hd] */
     struct msv_dmat   gate_up;         /* [2 inter][hidden] */
     struct msv_dmat   down;            /* [hidden][inter] */
+};
+
+/* Device allocations freed together. */
+struct msv_cuda_allocs {
+    void                    **p;
+    int                       n;
+    int                       cap;
+    size_t                    bytes;           /* their sum */
+    int                       oom;             /* one failed for lack of
+                                                  device memory */
+};
+
+/*
+ * One copy of the weights on the device: what create uploads, and what
+ * stage_weights builds beside the copy in use.  The backend serves from
+ * the fields of the same names in struct msv_backend; commit swaps them.
+ */
+struct msv_cuda_wset {
+    void                     *embed;
+    int                       embed_dtype;
+    struct msv_dmat           lm_head;
+    float                    *final_norm;
+    struct msv_cuda_layer    *layers;
+    struct msv_cuda_allocs    mem;
+};
+
+/*
+ * Host-to-device copies of a weight upload, on a stream of their own:
+ * two page-locked buffers, one filled (copied or converted from the
+ * checkpoint's mapping) while the other's copy runs.  ev[i]: the copy
+ * out of pin[i] is done.
+ */
+struct msv_cuda_stager {
+    cudaStream_t              stream;
+    void                     *pin[2];
+    cudaEvent_t               ev[2];
+    int                       cur;
 };
 
 struct msv_backend {
@@ -130,10 +169,13 @@ struct msv_backend {
     uint64_t                  tm_step;
     uint64_t                  tm_last_out;
 
-    /* weight allocations */
-    void                    **allocs;
-    int                       n_allocs;
-    int                       cap_allocs;
+    /* device allocations other than the weights (KV, workspaces) */
+    struct msv_cuda_allocs    allocs;
+
+    /* the weights in use: embed ... layers above live in wmem */
+    struct msv_cuda_allocs    wmem;
+    int                       device;          /* for the update thread */
+    struct msv_cuda_stager    up;              /* uploads of weights */
 };
 
 
@@ -166,34 +208,58 @@ msv_cuda_err(char *err, size_t errlen, const char *fmt, ...)
 }
 
 
-/* cudaMalloc that remembers the pointer for destroy. */
+/* cudaMalloc that remembers the pointer in a (freed together). */
 static int
-msv_cuda_alloc(struct msv_backend *b, void **p, size_t bytes,
+msv_cuda_alloc_in(struct msv_cuda_allocs *a, void **p, size_t bytes,
     const char *what, char *err, size_t errlen)
 {
     void        **na;
     cudaError_t   e;
 
-    if (b->n_allocs == b->cap_allocs) {
-        na = (void **) realloc(b->allocs,
-                               (b->cap_allocs * 2 + 16) * sizeof(void *));
+    if (a->n == a->cap) {
+        na = (void **) realloc(a->p, (a->cap * 2 + 16) * sizeof(void *));
         if (na == NULL) {
             return msv_cuda_err(err, errlen, "cuda: out of host memory");
         }
-        b->allocs = na;
-        b->cap_allocs = b->cap_allocs * 2 + 16;
+        a->p = na;
+        a->cap = a->cap * 2 + 16;
     }
 
     e = cudaMalloc(p, bytes > 0 ? bytes : 1);
     if (e != cudaSuccess) {
         *p = NULL;
+        (void) cudaGetLastError();     /* not sticky: clear it here */
+        a->oom = a->oom || e == cudaErrorMemoryAllocation;
         return msv_cuda_err(err, errlen,
                             "cuda: allocating %s (%.1f MiB): %s", what,
                             (double) bytes / (1 << 20),
                             cudaGetErrorString(e));
     }
-    b->allocs[b->n_allocs++] = *p;
+    a->p[a->n++] = *p;
+    a->bytes += bytes;
     return 0;
+}
+
+
+static void
+msv_cuda_allocs_free(struct msv_cuda_allocs *a)
+{
+    int  i;
+
+    for (i = 0; i < a->n; i++) {
+        cudaFree(a->p[i]);
+    }
+    free(a->p);
+    memset(a, 0, sizeof(*a));
+}
+
+
+/* cudaMalloc that remembers the pointer for destroy. */
+static int
+msv_cuda_alloc(struct msv_backend *b, void **p, size_t bytes,
+    const char *what, char *err, size_t errlen)
+{
+    return msv_cuda_alloc_in(&b->allocs, p, bytes, what, err, errlen);
 }
 
 
@@ -235,24 +301,132 @@ msv_cuda_tensor(const struct msv_weights *w, const char *name, int ndim,
 }
 
 
-/* Copy n elements of t, from element off, to dst as fp32. */
+/* ---- weight uploads ----------------------------------------------------- */
+
+#define MSV_STAGE_BYTES  (MSV_UPLOAD_CHUNK * sizeof(float))  /* a pin[] */
+
+static void
+msv_cuda_stager_free(struct msv_cuda_stager *st)
+{
+    int  i;
+
+    if (st->stream != NULL) {
+        cudaStreamSynchronize(st->stream);
+    }
+    for (i = 0; i < 2; i++) {
+        if (st->ev[i] != NULL) {
+            cudaEventDestroy(st->ev[i]);
+        }
+        if (st->pin[i] != NULL) {
+            cudaFreeHost(st->pin[i]);
+        }
+    }
+    if (st->stream != NULL) {
+        cudaStreamDestroy(st->stream);
+    }
+    memset(st, 0, sizeof(*st));
+}
+
+
 static int
-msv_cuda_put_f32(const struct msv_tensor *t, float *dst, size_t n,
-    float *stage, char *err, size_t errlen)
+msv_cuda_stager_init(struct msv_cuda_stager *st, char *err, size_t errlen)
+{
+    int  i;
+
+    memset(st, 0, sizeof(*st));
+    MSV_CUDA_TRY(cudaStreamCreateWithFlags(&st->stream,
+                                           cudaStreamNonBlocking),
+                 err, errlen);
+    for (i = 0; i < 2; i++) {
+        MSV_CUDA_TRY(cudaEventCreateWithFlags(&st->ev[i],
+                                              cudaEventDisableTiming),
+                     err, errlen);
+        MSV_CUDA_TRY(cudaHostAlloc(&st->pin[i], MSV_STAGE_BYTES,
+                                   cudaHostAllocDefault), err, errlen);
+    }
+    return 0;
+}
+
+
+/* The next page-locked buffer, once the copy that last read it is done. */
+static void *
+msv_cuda_stager_next(struct msv_cuda_stager *st, char *err, size_t errlen)
+{
+    cudaError_t  e;
+
+    e = cudaEventSynchronize(st->ev[st->cur]);
+    if (e != cudaSuccess) {
+        msv_cuda_fail(err, errlen, "cudaEventSynchronize", __FILE__,
+                      __LINE__, e);
+        return NULL;
+    }
+    return st->pin[st->cur];
+}
+
+
+/* Queue the copy of k bytes of the current buffer to dst; switch. */
+static int
+msv_cuda_stager_send(struct msv_cuda_stager *st, void *dst, size_t k,
+    char *err, size_t errlen)
+{
+    MSV_CUDA_TRY(cudaMemcpyAsync(dst, st->pin[st->cur], k,
+                                 cudaMemcpyHostToDevice, st->stream),
+                 err, errlen);
+    MSV_CUDA_TRY(cudaEventRecord(st->ev[st->cur], st->stream), err, errlen);
+    st->cur ^= 1;
+    return 0;
+}
+
+
+/* Copy bytes from host src to dst as they are. */
+static int
+msv_cuda_put(struct msv_cuda_stager *st, void *dst, const void *src,
+    size_t bytes, char *err, size_t errlen)
 {
     size_t  off, k;
+    void   *pin;
+
+    for (off = 0; off < bytes; off += k) {
+        k = bytes - off < MSV_STAGE_BYTES ? bytes - off : MSV_STAGE_BYTES;
+        pin = msv_cuda_stager_next(st, err, errlen);
+        if (pin == NULL) {
+            return -1;
+        }
+        memcpy(pin, (const char *) src + off, k);
+        if (msv_cuda_stager_send(st, (char *) dst + off, k, err, errlen)
+            != 0)
+        {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+
+/* Copy the n elements of t to dst as fp32. */
+static int
+msv_cuda_put_f32(struct msv_cuda_stager *st, const struct msv_tensor *t,
+    float *dst, size_t n, char *err, size_t errlen)
+{
+    size_t  off, k;
+    void   *pin;
 
     if (t->dtype == MSV_F32) {
-        MSV_CUDA_TRY(cudaMemcpy(dst, t->data, n * sizeof(float),
-                                cudaMemcpyHostToDevice), err, errlen);
-        return 0;
+        return msv_cuda_put(st, dst, t->data, n * sizeof(float), err, errlen);
     }
 
     for (off = 0; off < n; off += k) {
         k = n - off < MSV_UPLOAD_CHUNK ? n - off : MSV_UPLOAD_CHUNK;
-        msv_tensor_to_f32(t, off, k, stage);
-        MSV_CUDA_TRY(cudaMemcpy(dst + off, stage, k * sizeof(float),
-                                cudaMemcpyHostToDevice), err, errlen);
+        pin = msv_cuda_stager_next(st, err, errlen);
+        if (pin == NULL) {
+            return -1;
+        }
+        msv_tensor_to_f32(t, off, k, (float *) pin);
+        if (msv_cuda_stager_send(st, dst + off, k * sizeof(float), err,
+                                 errlen) != 0)
+        {
+            return -1;
+        }
     }
     return 0;
 }
@@ -261,11 +435,13 @@ msv_cuda_put_f32(const struct msv_tensor *t, float *dst, size_t n,
 /*
  * Upload the 2-d tensors names[0..n) (rows[i] x cols each) stacked into
  * one device matrix: bf16 when every part is bf16, fp32 otherwise.
+ * want: 0, or the dtype the matrix must get (that of the copy in use).
  */
 static int
-msv_cuda_upload_mat(struct msv_backend *b, const struct msv_weights *w,
-    const char *const *names, const uint32_t *rows, int n, uint32_t cols,
-    struct msv_dmat *m, float *stage, char *err, size_t errlen)
+msv_cuda_upload_mat(struct msv_cuda_wset *ws, struct msv_cuda_stager *st,
+    const struct msv_weights *w, const char *const *names,
+    const uint32_t *rows, int n, uint32_t cols, int want,
+    struct msv_dmat *m, char *err, size_t errlen)
 {
     const struct msv_tensor  *t[4];
     uint32_t                  total;
@@ -288,8 +464,14 @@ msv_cuda_upload_mat(struct msv_backend *b, const struct msv_weights *w,
     m->cols = cols;
     esz = all_bf16 ? 2 : 4;
 
-    if (msv_cuda_alloc(b, &m->p, (size_t) total * cols * esz, names[0], err,
-                       errlen) != 0)
+    if (want != 0 && m->dtype != want) {
+        return msv_cuda_err(err, errlen, "cuda: tensor %s: becomes %s on "
+                            "the device, the model served has %s", names[0],
+                            msv_dtype_name(m->dtype), msv_dtype_name(want));
+    }
+
+    if (msv_cuda_alloc_in(&ws->mem, &m->p, (size_t) total * cols * esz,
+                          names[0], err, errlen) != 0)
     {
         return -1;
     }
@@ -297,12 +479,15 @@ msv_cuda_upload_mat(struct msv_backend *b, const struct msv_weights *w,
     off = 0;
     for (i = 0; i < n; i++) {
         if (all_bf16) {
-            MSV_CUDA_TRY(cudaMemcpy((char *) m->p + off * esz, t[i]->data,
-                                    (size_t) rows[i] * cols * esz,
-                                    cudaMemcpyHostToDevice), err, errlen);
-        } else if (msv_cuda_put_f32(t[i], (float *) m->p + off,
-                                    (size_t) rows[i] * cols, stage, err,
-                                    errlen) != 0)
+            if (msv_cuda_put(st, (char *) m->p + off * esz, t[i]->data,
+                             (size_t) rows[i] * cols * esz, err, errlen)
+                != 0)
+            {
+                return -1;
+            }
+        } else if (msv_cuda_put_f32(st, t[i], (float *) m->p + off,
+                                    (size_t) rows[i] * cols, err, errlen)
+                   != 0)
         {
             return -1;
         }
@@ -314,31 +499,33 @@ msv_cuda_upload_mat(struct msv_backend *b, const struct msv_weights *w,
 
 /* Upload 1-d tensors names[0..n) (len[i] each), concatenated, as fp32. */
 static int
-msv_cuda_upload_vec(struct msv_backend *b, const struct msv_weights *w,
-    const char *const *names, const uint32_t *len, int n, float **out,
-    float *stage, char *err, size_t errlen)
+msv_cuda_upload_vec(struct msv_cuda_wset *ws, struct msv_cuda_stager *st,
+    const struct msv_weights *w, const char *const *names,
+    const uint32_t *len, int n, float **out, char *err, size_t errlen)
 {
-    const struct msv_tensor  *t;
+    const struct msv_tensor  *t[4];
     size_t                    total, off;
     int                       i;
 
     total = 0;
     for (i = 0; i < n; i++) {
+        t[i] = msv_cuda_tensor(w, names[i], 1, len[i], 0, err, errlen);
+        if (t[i] == NULL) {
+            return -1;
+        }
         total += len[i];
     }
 
-    if (msv_cuda_alloc(b, (void **) out, total * sizeof(float), names[0],
-                       err, errlen) != 0)
+    if (msv_cuda_alloc_in(&ws->mem, (void **) out, total * sizeof(float),
+                          names[0], err, errlen) != 0)
     {
         return -1;
     }
 
     off = 0;
     for (i = 0; i < n; i++) {
-        t = msv_cuda_tensor(w, names[i], 1, len[i], 0, err, errlen);
-        if (t == NULL
-            || msv_cuda_put_f32(t, *out + off, len[i], stage, err, errlen)
-               != 0)
+        if (msv_cuda_put_f32(st, t[i], *out + off, len[i], err, errlen)
+            != 0)
         {
             return -1;
         }
@@ -454,57 +641,104 @@ msv_cuda_check_config(const struct msv_model_config *c, uint32_t max_seqs,
 }
 
 
-static int
-msv_cuda_upload(struct msv_backend *b, const struct msv_weights *w,
-    char *err, size_t errlen)
+static void
+msv_cuda_weights_free(struct msv_cuda_wset *ws)
 {
-    const struct msv_model_config  *c = &b->cfg;
-    struct msv_cuda_layer          *L;
-    char                            nm[8][160];
-    const char                     *names[4];
-    uint32_t                        rows[4], q, kv, i;
-    float                          *stage, *inv;
-    int                             rc;
+    msv_cuda_allocs_free(&ws->mem);
+    free(ws->layers);
+    memset(ws, 0, sizeof(*ws));
+}
 
-    stage = (float *) malloc(MSV_UPLOAD_CHUNK * sizeof(float));
-    if (stage == NULL) {
+
+/* Exchange the weights b serves from with ws. */
+static void
+msv_cuda_weights_swap(struct msv_backend *b, struct msv_cuda_wset *ws)
+{
+    struct msv_cuda_wset  t;
+
+    t.embed = b->embed;
+    t.embed_dtype = b->embed_dtype;
+    t.lm_head = b->lm_head;
+    t.final_norm = b->final_norm;
+    t.layers = b->layers;
+    t.mem = b->wmem;
+
+    b->embed = ws->embed;
+    b->embed_dtype = ws->embed_dtype;
+    b->lm_head = ws->lm_head;
+    b->final_norm = ws->final_norm;
+    b->layers = ws->layers;
+    b->wmem = ws->mem;
+
+    *ws = t;
+}
+
+
+/*
+ * Build a copy of the weights for config c from the host tensors w into
+ * ws (zeroed by the caller): every tensor checked against c (a wrong
+ * shape is refused naming the tensor), matrices fused and converted as
+ * the file comment says, copied through st, whose stream is synchronized
+ * before returning.  like: NULL, or the copy in use, whose device dtypes
+ * the new one must have.  0, or -1 with err set; ws then holds what was
+ * allocated (msv_cuda_weights_free, after st's stream is synchronized).
+ */
+static int
+msv_cuda_weights_build(const struct msv_model_config *c,
+    const struct msv_weights *w, struct msv_cuda_stager *st,
+    const struct msv_backend *like, struct msv_cuda_wset *ws, char *err,
+    size_t errlen)
+{
+    const struct msv_cuda_layer  *K;
+    struct msv_cuda_layer        *L;
+    char                          nm[8][160];
+    const char                   *names[4];
+    uint32_t                      rows[4], q, kv, i;
+
+    ws->layers = (struct msv_cuda_layer *) calloc(c->n_layers,
+                                                  sizeof(*ws->layers));
+    if (ws->layers == NULL) {
         return msv_cuda_err(err, errlen, "cuda: out of host memory");
     }
-    rc = -1;
+
+#define MSV_WANT(f)  (like != NULL ? (f) : 0)
 
     /* embeddings (also the lm_head when tied), lm_head, final norm */
     names[0] = "model.embed_tokens.weight";
     rows[0] = c->vocab_size;
-    if (msv_cuda_upload_mat(b, w, names, rows, 1, c->hidden, &b->lm_head,
-                            stage, err, errlen) != 0)
+    if (msv_cuda_upload_mat(ws, st, w, names, rows, 1, c->hidden,
+                            MSV_WANT(like->embed_dtype), &ws->lm_head, err,
+                            errlen) != 0)
     {
-        goto done;
+        return -1;
     }
-    b->embed = b->lm_head.p;
-    b->embed_dtype = b->lm_head.dtype;
+    ws->embed = ws->lm_head.p;
+    ws->embed_dtype = ws->lm_head.dtype;
 
     if (!c->tie_embeddings) {
         names[0] = "lm_head.weight";
-        if (msv_cuda_upload_mat(b, w, names, rows, 1, c->hidden, &b->lm_head,
-                                stage, err, errlen) != 0)
+        if (msv_cuda_upload_mat(ws, st, w, names, rows, 1, c->hidden,
+                                MSV_WANT(like->lm_head.dtype), &ws->lm_head,
+                                err, errlen) != 0)
         {
-            goto done;
+            return -1;
         }
     }
 
     names[0] = "model.norm.weight";
     rows[0] = c->hidden;
-    if (msv_cuda_upload_vec(b, w, names, rows, 1, &b->final_norm, stage, err,
+    if (msv_cuda_upload_vec(ws, st, w, names, rows, 1, &ws->final_norm, err,
                             errlen) != 0)
     {
-        goto done;
+        return -1;
     }
 
     q = c->n_heads * c->head_dim;
     kv = c->n_kv_heads * c->head_dim;
 
     for (i = 0; i < c->n_layers; i++) {
-        L = &b->layers[i];
+        L = &ws->layers[i];
+        K = like != NULL ? &like->layers[i] : NULL;
 
 #define MSV_NAME(k, s)                                                       \
         snprintf(nm[k], sizeof(nm[k]), "model.layers.%u.%s", i, s)
@@ -514,69 +748,73 @@ msv_cuda_upload(struct msv_backend *b, const struct msv_weights *w,
         MSV_NAME(2, "self_attn.v_proj.weight");
         names[0] = nm[0]; names[1] = nm[1]; names[2] = nm[2];
         rows[0] = q; rows[1] = kv; rows[2] = kv;
-        if (msv_cuda_upload_mat(b, w, names, rows, 3, c->hidden, &L->qkv,
-                                stage, err, errlen) != 0)
+        if (msv_cuda_upload_mat(ws, st, w, names, rows, 3, c->hidden,
+                                MSV_WANT(K->qkv.dtype), &L->qkv, err, errlen)
+            != 0)
         {
-            goto done;
+            return -1;
         }
 
         MSV_NAME(0, "self_attn.o_proj.weight");
         names[0] = nm[0];
         rows[0] = c->hidden;
-        if (msv_cuda_upload_mat(b, w, names, rows, 1, q, &L->o, stage, err,
-                                errlen) != 0)
+        if (msv_cuda_upload_mat(ws, st, w, names, rows, 1, q,
+                                MSV_WANT(K->o.dtype), &L->o, err, errlen)
+            != 0)
         {
-            goto done;
+            return -1;
         }
 
         MSV_NAME(0, "mlp.gate_proj.weight");
         MSV_NAME(1, "mlp.up_proj.weight");
         names[0] = nm[0]; names[1] = nm[1];
         rows[0] = c->intermediate; rows[1] = c->intermediate;
-        if (msv_cuda_upload_mat(b, w, names, rows, 2, c->hidden, &L->gate_up,
-                                stage, err, errlen) != 0)
+        if (msv_cuda_upload_mat(ws, st, w, names, rows, 2, c->hidden,
+                                MSV_WANT(K->gate_up.dtype), &L->gate_up, err,
+                                errlen) != 0)
         {
-            goto done;
+            return -1;
         }
 
         MSV_NAME(0, "mlp.down_proj.weight");
         names[0] = nm[0];
         rows[0] = c->hidden;
-        if (msv_cuda_upload_mat(b, w, names, rows, 1, c->intermediate,
-                                &L->down, stage, err, errlen) != 0)
+        if (msv_cuda_upload_mat(ws, st, w, names, rows, 1, c->intermediate,
+                                MSV_WANT(K->down.dtype), &L->down, err,
+                                errlen) != 0)
         {
-            goto done;
+            return -1;
         }
 
         MSV_NAME(0, "input_layernorm.weight");
         names[0] = nm[0];
         rows[0] = c->hidden;
-        if (msv_cuda_upload_vec(b, w, names, rows, 1, &L->attn_norm, stage,
+        if (msv_cuda_upload_vec(ws, st, w, names, rows, 1, &L->attn_norm,
                                 err, errlen) != 0)
         {
-            goto done;
+            return -1;
         }
 
         MSV_NAME(0, "post_attention_layernorm.weight");
-        if (msv_cuda_upload_vec(b, w, names, rows, 1, &L->ffn_norm, stage,
+        if (msv_cuda_upload_vec(ws, st, w, names, rows, 1, &L->ffn_norm,
                                 err, errlen) != 0)
         {
-            goto done;
+            return -1;
         }
 
         if (c->qk_norm) {
             MSV_NAME(0, "self_attn.q_norm.weight");
             rows[0] = c->head_dim;
-            if (msv_cuda_upload_vec(b, w, names, rows, 1, &L->q_norm, stage,
+            if (msv_cuda_upload_vec(ws, st, w, names, rows, 1, &L->q_norm,
                                     err, errlen) != 0)
             {
-                goto done;
+                return -1;
             }
             MSV_NAME(0, "self_attn.k_norm.weight");
-            if (msv_cuda_upload_vec(b, w, names, rows, 1, &L->k_norm, stage,
+            if (msv_cuda_upload_vec(ws, st, w, names, rows, 1, &L->k_norm,
                                     err, errlen) != 0)
             {
-                goto done;
+                return -1;
             }
         }
 
@@ -586,35 +824,69 @@ msv_cuda_upload(struct msv_backend *b, const struct msv_weights *w,
             MSV_NAME(2, "self_attn.v_proj.bias");
             names[0] = nm[0]; names[1] = nm[1]; names[2] = nm[2];
             rows[0] = q; rows[1] = kv; rows[2] = kv;
-            if (msv_cuda_upload_vec(b, w, names, rows, 3, &L->qkv_bias, stage,
+            if (msv_cuda_upload_vec(ws, st, w, names, rows, 3, &L->qkv_bias,
                                     err, errlen) != 0)
             {
-                goto done;
+                return -1;
             }
         }
 #undef MSV_NAME
     }
+#undef MSV_WANT
 
-    inv = stage;
-    msv_cuda_inv_freq(c, inv);
-    if (msv_cuda_alloc(b, (void **) &b->inv_freq,
-                       c->head_dim / 2 * sizeof(float), "inv_freq", err,
+    MSV_CUDA_TRY(cudaStreamSynchronize(st->stream), err, errlen);
+    return 0;
+}
+
+
+/* The weights b serves from, uploaded at create. */
+static int
+msv_cuda_upload(struct msv_backend *b, const struct msv_weights *w,
+    char *err, size_t errlen)
+{
+    struct msv_cuda_wset  ws;
+
+    memset(&ws, 0, sizeof(ws));
+    if (msv_cuda_weights_build(&b->cfg, w, &b->up, NULL, &ws, err, errlen)
+        != 0)
+    {
+        cudaStreamSynchronize(b->up.stream);    /* no copy into ws left */
+        msv_cuda_weights_free(&ws);
+        return -1;
+    }
+    msv_cuda_weights_swap(b, &ws);     /* b held none: ws is empty now */
+    msv_cuda_weights_free(&ws);
+    return 0;
+}
+
+
+/* RoPE's inverse frequencies, from the config alone. */
+static int
+msv_cuda_upload_inv_freq(struct msv_backend *b, char *err, size_t errlen)
+{
+    float   *inv;
+    size_t   bytes;
+
+    bytes = b->cfg.head_dim / 2 * sizeof(float);
+    inv = (float *) malloc(bytes);
+    if (inv == NULL) {
+        return msv_cuda_err(err, errlen, "cuda: out of host memory");
+    }
+    msv_cuda_inv_freq(&b->cfg, inv);
+    if (msv_cuda_alloc(b, (void **) &b->inv_freq, bytes, "inv_freq", err,
                        errlen) != 0)
     {
-        goto done;
+        free(inv);
+        return -1;
     }
-    if (cudaMemcpy(b->inv_freq, inv, c->head_dim / 2 * sizeof(float),
-                   cudaMemcpyHostToDevice) != cudaSuccess)
+    if (cudaMemcpy(b->inv_freq, inv, bytes, cudaMemcpyHostToDevice)
+        != cudaSuccess)
     {
-        msv_cuda_err(err, errlen, "cuda: uploading inv_freq failed");
-        goto done;
+        free(inv);
+        return msv_cuda_err(err, errlen, "cuda: uploading inv_freq failed");
     }
-
-    rc = 0;
-
-done:
-    free(stage);
-    return rc;
+    free(inv);
+    return 0;
 }
 
 
@@ -836,14 +1108,15 @@ msv_cuda_create(const struct msv_model_config *cfg,
     b->graph_cap = max_seqs < MSV_LM_CHUNK ? msv_cuda_bucket(max_seqs)
                                            : MSV_LM_CHUNK;
 
-    b->layers = (struct msv_cuda_layer *) calloc(cfg->n_layers,
-                                                 sizeof(*b->layers));
-    if (b->layers == NULL) {
-        msv_cuda_err(err, errlen, "cuda: out of host memory");
+    /* the device this thread uses: the update thread sets it too */
+    e = cudaGetDevice(&b->device);
+    if (e != cudaSuccess) {
+        msv_cuda_fail(err, errlen, "cudaGetDevice", __FILE__, __LINE__, e);
         goto failed;
     }
-
-    if (msv_cuda_upload(b, w, err, errlen) != 0
+    if (msv_cuda_stager_init(&b->up, err, errlen) != 0
+        || msv_cuda_upload(b, w, err, errlen) != 0
+        || msv_cuda_upload_inv_freq(b, err, errlen) != 0
         || msv_cuda_init_kv(b, kv_tokens, err, errlen) != 0)
     {
         goto failed;
@@ -1506,7 +1779,8 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
 static void
 msv_cuda_destroy(struct msv_backend *b)
 {
-    int  i;
+    struct msv_cuda_wset  ws;
+    int                   i;
 
     if (b == NULL) {
         return;
@@ -1529,17 +1803,17 @@ msv_cuda_destroy(struct msv_backend *b)
     cudaFree(b->dlogits);
     cudaFreeHost(b->meta_h);
     cudaFree(b->meta_d);
-    for (i = 0; i < b->n_allocs; i++) {
-        cudaFree(b->allocs[i]);
-    }
+    msv_cuda_stager_free(&b->up);
+    memset(&ws, 0, sizeof(ws));
+    msv_cuda_weights_swap(b, &ws);
+    msv_cuda_weights_free(&ws);
+    msv_cuda_allocs_free(&b->allocs);
     if (b->cublas != NULL) {
         cublasDestroy(b->cublas);
     }
     if (b->stream != NULL) {
         cudaStreamDestroy(b->stream);
     }
-    free(b->allocs);
-    free(b->layers);
     free(b->seq_stamp);
     free(b);
 }
@@ -1605,6 +1879,108 @@ msv_cuda_sample_copy(struct msv_backend *b, uint32_t first, uint32_t n,
 }
 
 
+/* ------------------------------------------------------------------ */
+/* Weight updates (worker/control.c)                                    */
+
+/*
+ * On the update thread, while the scheduler thread runs steps on the
+ * copy in use: a second copy built by the load path of create, on the
+ * upload stream (b->up, which forward never touches), into memory of its
+ * own.  It reads b's config and the device dtypes of the copy in use,
+ * which only commit changes, after this has returned.  Nothing of b
+ * changes here; a failure frees what was allocated.
+ */
+static int
+msv_cuda_stage_weights(struct msv_backend *b, const struct msv_weights *w,
+    void **staged, char *err, size_t errlen)
+{
+    struct msv_cuda_wset  *ws;
+    size_t                 dev_free, dev_total;
+    char                   why[256];
+
+    *staged = NULL;
+
+    /* every tensor with the shape the config gives, as at create */
+    if (msv_weights_check(&b->cfg, w, err, errlen) != 0) {
+        return -1;
+    }
+
+    /* the device is per thread: this one has not chosen it yet */
+    MSV_CUDA_TRY(cudaSetDevice(b->device), err, errlen);
+    MSV_CUDA_TRY(cudaMemGetInfo(&dev_free, &dev_total), err, errlen);
+    if (dev_free < b->wmem.bytes) {
+        return msv_cuda_err(err, errlen, "cuda: not enough device memory "
+                            "for a second copy of the weights: %.1f MiB "
+                            "needed, %.1f MiB free (the old copy serves "
+                            "until the swap)",
+                            (double) b->wmem.bytes / (1 << 20),
+                            (double) dev_free / (1 << 20));
+    }
+
+    ws = (struct msv_cuda_wset *) calloc(1, sizeof(*ws));
+    if (ws == NULL) {
+        return msv_cuda_err(err, errlen, "cuda: out of host memory");
+    }
+
+    if (msv_cuda_weights_build(&b->cfg, w, &b->up, b, ws, err, errlen)
+        != 0)
+    {
+        /* copies may still be queued: let them end before freeing */
+        cudaStreamSynchronize(b->up.stream);
+        if (ws->mem.oom) {
+            snprintf(why, sizeof(why), "%s", err);
+            msv_cuda_err(err, errlen, "cuda: not enough device memory for "
+                         "a second copy of the weights (%.1f MiB; the old "
+                         "copy serves until the swap): %s",
+                         (double) b->wmem.bytes / (1 << 20), why);
+        }
+        msv_cuda_weights_free(ws);
+        free(ws);
+        (void) cudaGetLastError();
+        return -1;
+    }
+
+    *staged = ws;
+    return 0;
+}
+
+
+/*
+ * On the scheduler thread, between two steps: serve from the staged
+ * copy.  The captured decode graphs bake in the old weights' pointers:
+ * they are dropped and the next decode steps capture again.  The fused
+ * matrices (q/k/v, gate/up) and the tied lm_head came with the staged
+ * copy.  Then the old copy is freed.
+ */
+static void
+msv_cuda_commit_weights(struct msv_backend *b, void *staged)
+{
+    struct msv_cuda_wset  *ws = (struct msv_cuda_wset *) staged;
+
+    /* forward returns synchronized, but device sampling of the last step
+     * may still be queued: nothing may read the old copy once freed */
+    if (cudaStreamSynchronize(b->stream) != cudaSuccess) {
+        (void) cudaGetLastError();
+    }
+    msv_cuda_drop_graphs(b);
+    msv_cuda_weights_swap(b, ws);
+    msv_cuda_weights_free(ws);
+    free(ws);
+}
+
+
+static void
+msv_cuda_drop_weights(struct msv_backend *b, void *staged)
+{
+    struct msv_cuda_wset  *ws = (struct msv_cuda_wset *) staged;
+
+    if (ws != NULL) {
+        msv_cuda_weights_free(ws);
+        free(ws);
+    }
+}
+
+
 static struct msv_backend_ops
 msv_cuda_make_ops(void)
 {
@@ -1621,6 +1997,9 @@ msv_cuda_make_ops(void)
     o.sample_init = msv_cuda_sample_init;
     o.sample = msv_cuda_sample;
     o.sample_copy = msv_cuda_sample_copy;
+    o.stage_weights = msv_cuda_stage_weights;
+    o.commit_weights = msv_cuda_commit_weights;
+    o.drop_weights = msv_cuda_drop_weights;
     return o;
 }
 

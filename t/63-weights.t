@@ -1,8 +1,9 @@
 #!/usr/bin/perl
-# Weight updates from disk, end to end (real nginx, worker and Redis, CPU
-# backend): a worker serving the qwen3-tiny fixture (A) is updated to B, a
-# checkpoint of the same config with other values (written here from A),
-# and back.
+# Weight updates from disk, end to end (real nginx, worker and Redis; the
+# CPU backend, or the one $MSV_BACKEND names: bench/gpu_tests.sh runs it
+# with MSV_BACKEND=cuda): a worker serving the qwen3-tiny fixture (A) is
+# updated to B, a checkpoint of the same config with other values
+# (written here from A), and back.
 #
 # - After an update the worker answers exactly as a worker started on B
 #   (same seeded requests: tokens and masks); before, as A; every choice
@@ -256,8 +257,11 @@ sub last_choice {
     is($t->generate($q)->{json}{choices}[0]{token_ids}[0],
        choice($onA)->{token_ids}[0], 'A answers again');
 
-    # wait: they finish on A2; a second update meanwhile is a 409
-    @h = streams('wt', 32, 120);
+    # wait: they finish on A2; a second update meanwhile is a 409.  On a
+    # GPU the tiny model's steps are fast enough that 120 tokens could all
+    # be out before the second update arrives: the longest the fixture's
+    # 512 positions allow there
+    @h = streams('wt', 32, ($ENV{MSV_BACKEND} // 'cpu') eq 'cpu' ? 120 : 500);
     my $f = "$dir/update-wait.json";
     my $pid = fork() // die;
     if ($pid == 0) {

@@ -1201,6 +1201,11 @@ msv_cpu_stage_weights(struct msv_backend *b, const struct msv_weights *w,
 {
     struct msv_backend  *sh;
 
+    /* every tensor with the shape the config gives, as at create */
+    if (msv_weights_check(&b->cfg, w, err, errlen) != 0) {
+        return -1;
+    }
+
     sh = calloc(1, sizeof(struct msv_backend));
     if (sh == NULL) {
         snprintf(err, errlen, "cpu backend: out of memory");

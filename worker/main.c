@@ -670,14 +670,6 @@ main(int argc, char **argv)
              (unsigned long long) ops->kv_pages(be, &page_tokens)
              * page_tokens);
 
-    /* The GPU holds its own copy now: drop the host one (file mappings
-     * or the dummy tensors), so the worker's resident memory is its ring,
-     * staging and request state.  The CPU backend computes from it. */
-    if (use_cuda) {
-        msv_weights_free(&w);
-        msv_info("host copy of the weights released");
-    }
-
     /* region */
     memset(&lay, 0, sizeof(lay));
     lay.n_slots = o.max_num_seqs;
@@ -763,6 +755,16 @@ main(int argc, char **argv)
         fprintf(stderr, "maskserve-worker: out of memory\n");
         msv_region_unlink(o.shm);
         return 1;
+    }
+
+    /* The GPU holds its own copy now, and the control has the names,
+     * shapes and dtypes an update is checked against: drop the host copy
+     * (file mappings or the dummy tensors), so the worker's resident
+     * memory is its ring, staging and request state.  The CPU backend
+     * computes from it. */
+    if (use_cuda) {
+        msv_weights_free(&w);
+        msv_info("host copy of the weights released");
     }
 
     atomic_store_explicit(&rg.ctrl->state, MSV_WORKER_READY,
