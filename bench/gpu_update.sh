@@ -12,6 +12,10 @@
 # leaves room for the second copy of the weights an update builds:
 # --gpu-memory-fraction $FRACTION (docs/API.md).
 #
+# Then the update alone (mode keep, no pause) while $LOAD (default 256)
+# streams of $LOAD_TOKENS (700) tokens run: the pause it causes is the
+# worker's "between two steps" figure.  LOAD=0 skips it.
+#
 # Needs no Debian packages (bench/gpu_env.sh unpacks yajl from .debs/ when
 # the system has none).  Output: $OUT (or build-gpu/out)/gpu_update.log.
 
@@ -46,7 +50,7 @@ log=$OUT/worker-update.log
     --max-num-seqs 256 --max-model-len 2048 \
     --gpu-memory-fraction "$FRACTION" --weight-version v0 2> "$log" &
 wpid=$!
-trap 'kill $wpid 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+trap 'kill $wpid 2>/dev/null || true; wait $wpid 2>/dev/null || true' EXIT
 for _ in $(seq 1 1800); do
     grep -q "ready: region" "$log" && break
     kill -0 $wpid 2>/dev/null || { tail "$log"; exit 1; }
@@ -59,3 +63,28 @@ echo "== pause ($MODE), update_weights_from_disk, resume; $REPEAT rounds"
 "$B/bench/update_time" --shm "$shm" --model-path "$CKPT" \
     --repeat "$REPEAT" --mode "$MODE"
 grep -E "control: version" "$log" | tail -n "$REPEAT"
+
+# the same update while $LOAD streams run (mode keep, no pause: they go
+# on, on the new weights, and the update stops them only between two
+# steps); every answer checked by maskserve-cli
+if [ "${LOAD:-256}" -gt 0 ]; then
+    python3 - "${LOAD:-256}" "${LOAD_TOKENS:-700}" > "$OUT/load.jsonl" <<'PY'
+import json, sys
+n, mt = map(int, sys.argv[1:])
+for i in range(n):
+    print(json.dumps({"request_id": f"u{i}",
+        "token_ids": [(i * 7919 + j * 104729) % 151000 for j in range(128)],
+        "sampling_params": {"max_tokens": mt, "temperature": 1.0,
+                            "top_k": 1000, "seed": i, "ignore_eos": True}}))
+PY
+    echo "== update_weights_from_disk (keep, no pause) under ${LOAD:-256} streams of ${LOAD_TOKENS:-700} tokens"
+    "$B/maskserve-cli" --shm "$shm" --requests "$OUT/load.jsonl" --summary \
+        --timeout 300 > "$OUT/load_summary.json" &
+    lpid=$!
+    sleep 2
+    "$B/bench/update_time" --shm "$shm" --model-path "$CKPT" \
+        --repeat "$REPEAT" --mode keep --no-pause
+    wait $lpid || { echo "gpu_update.sh: the load failed" >&2; exit 1; }
+    echo "load: $(cat "$OUT/load_summary.json")"
+    grep -E "control: version" "$log" | tail -n "$REPEAT"
+fi

@@ -7,9 +7,13 @@
  * own figures for the update (from the command to the swap, and the
  * part between two steps) are read from its control page.  Every answer
  * is checked: a failed command, or a version other than the one asked
- * for afterwards, fails the run.
+ * for afterwards, fails the run.  --no-pause posts the update alone, as a
+ * trainer does while generation goes on (mode keep: the requests in
+ * flight continue on the new weights; the pause it causes is the time
+ * between two steps).
  *
  *   update_time --shm NAME --model-path DIR [--repeat N] [--mode M]
+ *               [--no-pause]
  *
  * One line per round, then the medians.
  */
@@ -113,6 +117,7 @@ main(int argc, char **argv)
         { "model-path", required_argument, 0, 'm' },
         { "repeat",     required_argument, 0, 'r' },
         { "mode",       required_argument, 0, 'o' },
+        { "no-pause",   no_argument,       0, 'n' },
         { 0, 0, 0, 0 }
     };
     static const char    *modes[] = { "abort", "wait", "keep" };
@@ -122,18 +127,20 @@ main(int argc, char **argv)
     const char            *shm, *path;
     char                   err[256], version[MSV_VERSION_MAX + 1];
     double                 tp[64], tu[64], tr[64], wu[64], wp[64];
-    int                    c, repeat, mode, i, rc;
+    int                    c, repeat, mode, i, rc, pause;
 
     shm = NULL;
     path = NULL;
     repeat = 3;
     mode = 0;
+    pause = 1;
 
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 's': shm = optarg; break;
         case 'm': path = optarg; break;
         case 'r': repeat = atoi(optarg); break;
+        case 'n': pause = 0; break;
         case 'o':
             for (mode = 0; mode < 3 && strcmp(optarg, modes[mode]) != 0;
                  mode++) { }
@@ -151,7 +158,7 @@ main(int argc, char **argv)
         || strlen(path) >= MSV_CMD_PATH_MAX)
     {
         fprintf(stderr, "usage: update_time --shm NAME --model-path DIR "
-                "[--repeat 1..64] [--mode abort|wait|keep]\n");
+                "[--repeat 1..64] [--mode abort|wait|keep] [--no-pause]\n");
         return 2;
     }
 
@@ -165,8 +172,10 @@ main(int argc, char **argv)
            "update_s", "resume_s", "worker_upd_s", "between_s");
     for (i = 0; i < repeat; i++) {
         snprintf(version, sizeof(version), "bench-%d", i + 1);
-        if (command(&a, MSV_OP_PAUSE, (uint32_t) mode, NULL, NULL, 60,
-                    &tp[i], &res) != 0
+        tp[i] = 0.0;
+        tr[i] = 0.0;
+        if ((pause && command(&a, MSV_OP_PAUSE, (uint32_t) mode, NULL, NULL,
+                              60, &tp[i], &res) != 0)
             || command(&a, MSV_OP_UPDATE, (uint32_t) mode, path, version,
                        300, &tu[i], &res) != 0)
         {
@@ -181,8 +190,9 @@ main(int argc, char **argv)
             rc = 1;
             break;
         }
-        if (command(&a, MSV_OP_RESUME, 0, NULL, NULL, 60, &tr[i], &res)
-            != 0)
+        if (pause
+            && command(&a, MSV_OP_RESUME, 0, NULL, NULL, 60, &tr[i], &res)
+               != 0)
         {
             rc = 1;
             break;
@@ -192,8 +202,8 @@ main(int argc, char **argv)
     }
 
     if (rc == 0) {
-        printf("\nmedians over %d rounds (mode %s, %s)\n", repeat,
-               modes[mode], path);
+        printf("\nmedians over %d rounds (mode %s%s, %s)\n", repeat,
+               modes[mode], pause ? "" : ", no pause", path);
         printf("| phase | seconds |\n|---|---|\n");
         printf("| pause | %.3f |\n", median(tp, repeat));
         printf("| update_weights_from_disk | %.3f |\n", median(tu, repeat));
