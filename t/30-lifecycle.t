@@ -18,7 +18,9 @@ use Time::HiRes qw(time sleep);
 use MsvTest;
 
 my $t = MsvTest->new;
-my $w = $t->start_worker(slots => 16, max_model_len => 4096, threads => 1);
+# --drain-timeout 1: a stopped worker's long requests end at that deadline
+my $w = $t->start_worker(slots => 16, max_model_len => 4096, threads => 1,
+                         args => ['--drain-timeout', 1]);
 $t->start_nginx;
 
 my $true = JSON::PP::true;
@@ -165,7 +167,8 @@ my @nginx_workers = $t->nginx_workers;
     is_deeply([$t->nginx_workers], \@nginx_workers, 'without reloading nginx');
 }
 
-# --- the worker stops (SIGTERM): its abort rows end the requests
+# --- the worker stops (SIGTERM): at the drain deadline its abort rows end
+#     the requests still running
 {
     my $s1 = $t->bg(stream => long_req('term-s'));
     ok($t->bg_started($s1), 'stream running');
