@@ -81,7 +81,9 @@ msv_usage(FILE *f)
 "  -n, --requests N       requests per run (default 512)\n"
 "  -d, --duration SEC     instead of -n: issue requests for SEC seconds\n"
 "                         per run, then wait for those in flight\n"
-"  --max-tokens N         sampling_params.max_tokens (16)\n"
+"  --max-tokens N|LO:HI   sampling_params.max_tokens (16); LO:HI spreads\n"
+"                         it evenly over the requests of a run, request i\n"
+"                         asking LO + (HI - LO) * i / (n - 1)\n"
 "  --ignore-eos 0|1       sampling_params.ignore_eos (1); with 1 every\n"
 "                         response must carry exactly max_tokens tokens\n"
 "  --modes LIST           mask modes to compare, comma-separated, from\n"
@@ -92,7 +94,8 @@ msv_usage(FILE *f)
 "  --top-p P              sampling_params.top_p (1.0)\n"
 "  --temperature T        sampling_params.temperature (1.0)\n"
 "  --prompt-len N         prompt tokens per request (16)\n"
-"  --vocab N              prompt ids are drawn from [1, N) (1000)\n"
+"  --vocab N              prompt ids are drawn from [1, N) (1000)\n""  --group G              G consecutive requests share a prompt (their\n"
+"                         seeds differ), as rollouts of one prompt (1)\n"
 "  --no-stream            non-streaming requests (\"stream\": false)\n"
 "  --repeats R            runs per mode, interleaved; medians reported (3)\n"
 "  --warmup N             requests before the first run, not counted\n"
@@ -102,7 +105,13 @@ msv_usage(FILE *f)
 "  --print-errors N       failures printed in full (10)\n"
 "  --cpu LABEL=PID[,PID]  sample the CPU time of these server processes\n"
 "                         around every run and report it per response\n"
-"                         (repeatable, up to 4 labels)\n");
+"                         (repeatable, up to 4 labels)\n"
+"  --csv FILE             append a line per run (header first if FILE is\n"
+"                         empty): label, mode, repeat, start and end of\n"
+"                         the run (CLOCK_MONOTONIC ns), counts, bytes,\n"
+"                         client CPU, per --cpu label CPU seconds, VmRSS\n"
+"                         at the end and VmHWM (kB)\n"
+"  --label STR            the first column of those lines (\"-\")\n");
 }
 
 
@@ -247,6 +256,7 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
 {
     int          c, idx;
     long         v;
+    char        *colon;
     const char  *modes = "off,selected,support";
 
     static const struct option  longopts[] = {
@@ -270,6 +280,9 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
         { "seed",         required_argument, 0, 'S' },
         { "print-errors", required_argument, 0, 'e' },
         { "cpu",          required_argument, 0, 'C' },
+        { "group",        required_argument, 0, 'G' },
+        { "csv",          required_argument, 0, 'F' },
+        { "label",        required_argument, 0, 'L' },
         { "help",         no_argument,       0, 'h' },
         { 0, 0, 0, 0 }
     };
@@ -279,6 +292,8 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
     o->conc = 64;
     o->requests = 512;
     o->max_tokens = 16;
+    o->group = 1;
+    o->label = "-";
     o->ignore_eos = 1;
     o->top_k = -1;
     o->top_p = 1.0;
@@ -327,11 +342,33 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
             o->requests = 0;
             break;
         case 'm':
+            colon = strchr(optarg, ':');
+            if (colon != NULL) {
+                *colon = '\0';
+            }
             if (msv_opt_long("--max-tokens", optarg, 1, 1000000,
-                             &o->max_tokens) != 0)
+                             &o->max_tokens) != 0
+                || (colon != NULL
+                    && msv_opt_long("--max-tokens", colon + 1,
+                                    o->max_tokens, 1000000,
+                                    &o->max_tokens_hi) != 0))
             {
                 return -1;
             }
+            o->max_tokens_hi = colon != NULL ? o->max_tokens_hi : 0;
+            break;
+        case 'G':
+            if (msv_opt_long("--group", optarg, 1, 1000000, &o->group)
+                != 0)
+            {
+                return -1;
+            }
+            break;
+        case 'F':
+            o->csv = optarg;
+            break;
+        case 'L':
+            o->label = optarg;
             break;
         case 'E':
             if (msv_opt_long("--ignore-eos", optarg, 0, 1, &v) != 0) {
@@ -446,6 +483,64 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
 
 
 /* ------------------------------------------------------------------ */
+/* The per-run CSV (--csv)                                              */
+
+static FILE *
+msv_csv_open(const msv_load_opts_t *o)
+{
+    FILE  *f;
+    int    i;
+
+    f = fopen(o->csv, "a");
+    if (f == NULL) {
+        fprintf(stderr, "e2e_load: --csv %s: %s\n", o->csv, strerror(errno));
+        return NULL;
+    }
+    if (ftell(f) == 0) {
+        fprintf(f, "label,mode,repeat,t0_ns,t1_ns,requests,ok,failed,"
+                "mismatches,tokens,mask_ids,bytes,wall_s,client_cpu_s");
+        for (i = 0; i < o->n_watch; i++) {
+            fprintf(f, ",%s_cpu_s,%s_rss_kb,%s_hwm_kb", o->watch[i].label,
+                    o->watch[i].label, o->watch[i].label);
+        }
+        fprintf(f, "\n");
+    }
+    return f;
+}
+
+
+static int
+msv_csv_run(const msv_load_opts_t *o, const msv_run_t *run, long rep)
+{
+    FILE  *f;
+    int    i;
+
+    if (o->csv == NULL) {
+        return 0;
+    }
+    f = msv_csv_open(o);
+    if (f == NULL) {
+        return -1;
+    }
+    fprintf(f, "%s,%s,%ld,%lld,%lld,%ld,%ld,%ld,%ld,%lld,%lld,%lld,%.6f,"
+            "%.6f", o->label, msv_mode_names[run->mode], rep + 1,
+            (long long) (run->t0 * 1e9), (long long) (run->t_last * 1e9),
+            run->issued, run->ok, run->failed, run->mismatches, run->tokens,
+            run->mask_ids, run->bytes, run->t_last - run->t0, run->cpu);
+    for (i = 0; i < o->n_watch; i++) {
+        fprintf(f, ",%.6f,%lld,%lld", run->wcpu[i], run->rss_kb[i],
+                run->hwm_kb[i]);
+    }
+    fprintf(f, "\n");
+    if (fclose(f) != 0) {
+        fprintf(stderr, "e2e_load: --csv %s: write failed\n", o->csv);
+        return -1;
+    }
+    return 0;
+}
+
+
+/* ------------------------------------------------------------------ */
 
 int
 main(int argc, char **argv)
@@ -528,6 +623,9 @@ main(int argc, char **argv)
             }
             msv_run_summary(o, run);
             msv_run_print(o, run, r);
+            if (msv_csv_run(o, run, r) != 0) {
+                return 1;
+            }
         }
     }
 

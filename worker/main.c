@@ -58,6 +58,7 @@ struct msv_opts {
     double       reader_timeout;
     double       drain_timeout;
     double       step_timeout;
+    const char  *step_log;
     uint32_t     share_group;    /* --group given */
     uint32_t     gid;
 };
@@ -130,7 +131,8 @@ msv_usage(FILE *f)
 "                           long to finish; those still running then end\n"
 "                           with a \"shutting down\" error (default 30)\n"
 "  --step-timeout SEC       a step running longer is hung: the heartbeat\n"
-"                           stops (default 600)\n"
+"                           stops (default 600)\n""  --step-log FILE          a line per model step: times, batch, stage\n"
+"                           costs (docs/SCHEDULER.md, \"Step log\")\n"
 "  --group NAME|GID         region and socket 0660 for this group (nginx's\n"
 "                           workers run in it); default 0600, owner only\n"
 "  --log-level LEVEL        error, warn, info, debug (default info)\n");
@@ -201,6 +203,7 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
         { "reader-timeout",         required_argument, 0, 'R' },
         { "drain-timeout",          required_argument, 0, 'D' },
         { "step-timeout",           required_argument, 0, 'X' },
+        { "step-log",               required_argument, 0, 'Z' },
         { "group",                  required_argument, 0, 'g' },
         { "log-level",              required_argument, 0, 'v' },
         { "help",                   no_argument,       0, 'h' },
@@ -316,6 +319,9 @@ msv_parse_args(int argc, char **argv, struct msv_opts *o)
                 return -1;
             }
             o->threads = (int) v;
+            break;
+        case 'Z':
+            o->step_log = optarg;
             break;
         case 'T':
             if (msv_parse_u64("--sample-threads", optarg, &v, 0) || v > 16) {
@@ -732,6 +738,11 @@ main(int argc, char **argv)
     if (msv_sched_init(&sched, rg.ctrl, ops, be, &prod, o.max_batched, seed,
                        o.sample_threads, !o.no_prefix_caching) != 0)
     {
+        fprintf(stderr, "maskserve-worker: %s\n", sched.err);
+        msv_region_unlink(o.shm);
+        return 1;
+    }
+    if (o.step_log != NULL && msv_sched_step_log(&sched, o.step_log) != 0) {
         fprintf(stderr, "maskserve-worker: %s\n", sched.err);
         msv_region_unlink(o.shm);
         return 1;

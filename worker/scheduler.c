@@ -170,6 +170,12 @@ msv_sched_free(struct msv_sched *s)
     free(s->b_order);
     free(s->b_tok);
     free(s->items);
+    if (s->step_log != NULL) {
+        if (fclose(s->step_log) != 0) {
+            msv_warn("step log: write failed");
+        }
+    }
+    free(s->step_log_buf);
     free(s->srows);
     free(s->sres);
     msv_sample_pool_free(s->pool);
@@ -205,6 +211,52 @@ msv_sched_device_sampler(struct msv_sched *s, char *why, size_t len)
 }
 
 
+#define MSV_STEP_LOG_BUF  (1u << 20)
+
+int
+msv_sched_step_log(struct msv_sched *s, const char *path)
+{
+    s->step_log = fopen(path, "w");
+    if (s->step_log == NULL) {
+        snprintf(s->err, sizeof(s->err), "--step-log %s: cannot open it",
+                 path);
+        return -1;
+    }
+    /* a line is ~200 bytes: a flush every few thousand steps at most */
+    s->step_log_buf = malloc(MSV_STEP_LOG_BUF);
+    if (s->step_log_buf != NULL) {
+        setvbuf(s->step_log, s->step_log_buf, _IOFBF, MSV_STEP_LOG_BUF);
+    }
+    return 0;
+}
+
+
+/*
+ * A step's line: its index, start and end (CLOCK_MONOTONIC ns), the
+ * sequences in the batch, decode rows, prefill tokens, tokens sampled,
+ * sequences active after it, then the stages: forward, sampling with the
+ * mask capture, rows into the ring (with any wait for space), the ring
+ * bytes written, and the scheduler's own host time (the rest).
+ */
+static void
+msv_sched_log_step(struct msv_sched *s, uint64_t t0, uint64_t t1,
+    uint32_t nb, uint32_t n_dec, uint32_t n_pf, uint32_t ns, uint64_t fwd,
+    uint64_t smp, uint64_t ring)
+{
+    uint64_t  host = t1 - t0 - fwd - smp - ring;
+
+    fprintf(s->step_log, "step %llu t0_ns %llu t1_ns %llu seqs %u "
+            "decode %u prefill %u sampled %u active %u fwd_ns %llu "
+            "sample_ns %llu ring_ns %llu ring_bytes %llu host_ns %llu\n",
+            (unsigned long long) s->step, (unsigned long long) t0,
+            (unsigned long long) t1, nb, n_dec, n_pf, ns, s->n_active,
+            (unsigned long long) fwd, (unsigned long long) smp,
+            (unsigned long long) ring, (unsigned long long) s->log_bytes,
+            (unsigned long long) host);
+    s->step_log_dirty = 1;
+}
+
+
 uint32_t
 msv_sched_pending(struct msv_sched *s)
 {
@@ -221,6 +273,7 @@ msv_sched_count_row(struct msv_sched *s, uint32_t mode, uint32_t bytes)
                               memory_order_relaxed);
     atomic_fetch_add_explicit(&s->c->row_bytes_by_mode[mode & 3], bytes,
                               memory_order_relaxed);
+    s->log_bytes += bytes;
 }
 
 
@@ -904,6 +957,9 @@ msv_sched_sample_device(struct msv_sched *s, uint32_t ns)
     {
         return -1;
     }
+    if (s->step_log != NULL) {
+        s->log_t_sampled = msv_now_ns();
+    }
 
     for (i = 0; i < ns; i = j) {
         bytes = s->sres[i].bytes;
@@ -988,14 +1044,18 @@ int
 msv_sched_step(struct msv_sched *s)
 {
     int              did;
-    uint64_t         t0;
-    uint32_t         i, nb, ns, ntok, budget, take;
+    uint64_t         t0, t_f0, t_f1, t_s1, t_r1;
+    uint32_t         i, nb, ns, ntok, budget, take, n_dec, n_smp;
+
+    t_f0 = t_f1 = t_s1 = t_r1 = 0;
+    n_smp = 0;
     struct msv_seq  *q;
     struct msv_slot *sl;
     struct msv_batch b;
 
     did = 0;
     t0 = msv_now_ns();
+    s->log_bytes = 0;
     s->step++;
     msv_ring_begin(s->prod, s->step);
 
@@ -1057,6 +1117,7 @@ msv_sched_step(struct msv_sched *s)
         nb++;
         budget = budget > 0 ? budget - 1 : 0;
     }
+    n_dec = nb;
 
     for (i = 0; i < s->n_slots && budget > 0; i++) {
         q = &s->seqs[i];
@@ -1089,11 +1150,13 @@ msv_sched_step(struct msv_sched *s)
         b.n_pages = s->b_npages;
         b.all_logits = 0;
 
+        t_f0 = s->step_log != NULL ? msv_now_ns() : 0;
         if (s->ops->forward(s->be, &b, s->dev_sample ? NULL : s->logits,
                             s->err, sizeof(s->err)) != 0)
         {
             return -1;
         }
+        t_f1 = s->step_log != NULL ? msv_now_ns() : 0;
 
         /* sample every sequence whose prompt is complete, in parallel
          * (b_order: their slots); then take the tokens and write the rows
@@ -1117,6 +1180,8 @@ msv_sched_step(struct msv_sched *s)
             ns++;
         }
 
+        n_smp = ns;
+        s->log_t_sampled = 0;
         if (s->dev_sample) {
             if (msv_sched_sample_device(s, ns) != 0) {
                 return -1;
@@ -1124,6 +1189,9 @@ msv_sched_step(struct msv_sched *s)
             ns = 0;                 /* taken already */
         } else {
             msv_sample_pool_run(s->pool, s->items, ns);
+            if (s->step_log != NULL) {
+                s->log_t_sampled = msv_now_ns();
+            }
         }
 
         for (i = 0; i < ns; i++) {
@@ -1134,6 +1202,15 @@ msv_sched_step(struct msv_sched *s)
             }
         }
 
+        if (s->step_log != NULL) {
+            t_r1 = msv_now_ns();
+            /* no rows to sample: no sampling, no copy */
+            t_s1 = s->log_t_sampled != 0 ? s->log_t_sampled : t_f1;
+            if (n_smp == 0) {
+                t_s1 = t_r1 = t_f1;
+            }
+        }
+
         atomic_fetch_add_explicit(&s->c->steps, 1, memory_order_relaxed);
         msv_sched_histograms(s, msv_now_ns() - t0, nb);
     }
@@ -1141,6 +1218,18 @@ msv_sched_step(struct msv_sched *s)
     msv_ring_end(s->prod);
 
     msv_sched_publish(s);
+
+    if (s->step_log != NULL && nb > 0) {
+        msv_sched_log_step(s, t0, msv_now_ns(), nb, n_dec, ntok - n_dec,
+                           n_smp, t_f1 - t_f0, t_s1 - t_f1, t_r1 - t_s1);
+    }
+    if (s->step_log_dirty && s->n_active == 0) {
+        /* idle: what was buffered goes out, for a reader of the file */
+        if (fflush(s->step_log) != 0) {
+            msv_warn("step log: write failed");
+        }
+        s->step_log_dirty = 0;
+    }
 
     return did;
 }

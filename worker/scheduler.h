@@ -7,6 +7,7 @@
 #define MSV_SCHEDULER_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../shm/msv_ring.h"
 #include "../shm/msv_shm.h"
@@ -91,6 +92,13 @@ struct msv_sched {
     struct msv_sample_row          *srows;      /* [n_slots] */
     struct msv_sample_res          *sres;
 
+    /* --step-log: a line per step that ran the model (msv_sched_step_log) */
+    FILE                           *step_log;
+    char                           *step_log_buf;
+    int                             step_log_dirty;
+    uint64_t                        log_bytes;  /* ring bytes of the step */
+    uint64_t                        log_t_sampled; /* sampling's end */
+
     uint64_t                        step;
     uint64_t                        seed_state;
     uint32_t                        n_active;
@@ -120,6 +128,15 @@ int msv_sched_device_sampler(struct msv_sched *s, char *why, size_t len);
  * fatal error (s->err).
  */
 int msv_sched_step(struct msv_sched *s);
+
+/*
+ * Write a line per step that runs the model to `path` (created or
+ * truncated), buffered and flushed whenever no request is left running
+ * and at msv_sched_free; the format is in docs/SCHEDULER.md ("Step log").  The times are
+ * host clocks around calls that already wait for the device, so nothing
+ * is synchronized for it.  0, or -1 with s->err set.
+ */
+int msv_sched_step_log(struct msv_sched *s, const char *path);
 
 /* Requests waiting for admission or running. */
 uint32_t msv_sched_pending(struct msv_sched *s);

@@ -115,6 +115,48 @@ msv_watch_cpu(const msv_watch_t *w)
 }
 
 
+void
+msv_watch_mem(const msv_watch_t *w, long long *rss, long long *hwm)
+{
+    char        path[64], line[256];
+    long long   v;
+    FILE       *f;
+    int         i;
+
+    *rss = 0;
+    *hwm = 0;
+    for (i = 0; i < w->n; i++) {
+        snprintf(path, sizeof(path), "/proc/%d/status", (int) w->pid[i]);
+        f = fopen(path, "r");
+        if (f == NULL) {
+            *rss = *hwm = -1;
+            return;
+        }
+        while (fgets(line, sizeof(line), f) != NULL) {
+            if (sscanf(line, "VmRSS: %lld", &v) == 1) {
+                *rss += v;
+            } else if (sscanf(line, "VmHWM: %lld", &v) == 1) {
+                *hwm += v;
+            }
+        }
+        fclose(f);
+    }
+}
+
+
+long
+msv_req_max_tokens(const msv_load_opts_t *o, long idx)
+{
+    long  n = o->requests;
+
+    if (o->max_tokens_hi <= 0 || n < 2) {
+        return o->max_tokens;
+    }
+    return o->max_tokens + (o->max_tokens_hi - o->max_tokens) * (idx % n)
+                           / (n - 1);
+}
+
+
 static uint64_t
 msv_mix(uint64_t x)
 {
@@ -139,7 +181,9 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
     int                     n;
 
     msv_bytes_add(&body, "{\"token_ids\":[", 14);
-    r = msv_mix(o->seed ^ ((uint64_t) c->idx * 0x9e3779b97f4a7c15ULL));
+    /* a group of requests shares the prompt; each has its own seed */
+    r = msv_mix(o->seed ^ ((uint64_t) (c->idx / o->group)
+                           * 0x9e3779b97f4a7c15ULL));
     for (i = 0; i < o->prompt_len; i++) {
         r = msv_mix(r + (uint64_t) i + 1);
         n = snprintf(num, sizeof(num), "%s%ld", i ? "," : "",
@@ -152,7 +196,8 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
                  "\"temperature\":%.17g,\"top_k\":%ld,\"top_p\":%.17g,"
                  "\"ignore_eos\":%s,\"seed\":%llu},\"stream\":%s,"
                  "\"return_sampling_mask\":%s%s%s%s}",
-                 o->max_tokens, o->temperature, o->top_k, o->top_p,
+                 msv_req_max_tokens(o, c->idx), o->temperature, o->top_k,
+                 o->top_p,
                  o->ignore_eos ? "true" : "false",
                  (unsigned long long) ((o->seed + (uint64_t) c->idx)
                                        & 0x7fffffffffffffffULL),
@@ -222,7 +267,7 @@ msv_conn_expect(msv_load_t *L, msv_conn_t *c, int mode)
     r->e.whole = 0;
     r->stream = L->o.stream;
     r->prompt_len = L->o.prompt_len;
-    r->max_tokens = L->o.max_tokens;
+    r->max_tokens = msv_req_max_tokens(&L->o, c->idx);
     r->ignore_eos = L->o.ignore_eos;
     r->abort_ok = 0;
     r->clock = msv_now;
@@ -545,6 +590,7 @@ msv_run(msv_load_t *L, msv_run_t *run, int mode, long requests)
     run->cpu = msv_cpu_seconds() - cpu0;
     for (i = 0; i < L->o.n_watch; i++) {
         run->wcpu[i] = msv_watch_cpu(&L->o.watch[i]) - run->wcpu[i];
+        msv_watch_mem(&L->o.watch[i], &run->rss_kb[i], &run->hwm_kb[i]);
     }
     L->o.requests = saved;
     return 0;

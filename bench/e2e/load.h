@@ -39,6 +39,12 @@ typedef struct {
     long         requests;          /* per run; 0: use duration */
     double       duration;          /* seconds per run */
     long         max_tokens;
+    long         max_tokens_hi;     /* > 0: request i of a run asks
+                                       max_tokens + (hi - max_tokens) *
+                                       i / (requests - 1) */
+    long         group;             /* requests that share one prompt */
+    const char  *csv;               /* a line per run appended here */
+    const char  *label;             /* its first column */
     long         top_k;
     double       top_p;
     double       temperature;
@@ -75,6 +81,8 @@ typedef struct {
     double       deadline;          /* duration mode */
     double       cpu;               /* client CPU seconds */
     double       wcpu[MSV_LOAD_MAX_WATCH];  /* watched processes' */
+    long long    rss_kb[MSV_LOAD_MAX_WATCH];  /* their VmRSS at the end */
+    long long    hwm_kb[MSV_LOAD_MAX_WATCH];  /* and VmHWM (peaks) */
     msv_f64s_t   done_t;            /* completion times, all outcomes */
     msv_f64s_t   ok_t;              /* completion times, valid ones */
     msv_f64s_t   start_t;           /* per valid response: its start, */
@@ -118,6 +126,13 @@ double msv_now(void);
 
 /* CPU seconds of the watched processes of one label; NAN if one is gone. */
 double msv_watch_cpu(const msv_watch_t *w);
+
+/* Resident memory of the watched processes of one label, summed (kB):
+ * now and their peaks.  -1 in both if one is gone. */
+void msv_watch_mem(const msv_watch_t *w, long long *rss, long long *hwm);
+
+/* max_tokens of request idx of a run. */
+long msv_req_max_tokens(const msv_load_opts_t *o, long idx);
 
 /* One run of `requests` (0: for o.duration) in mode `mode`; 0 or -1. */
 int msv_run(msv_load_t *L, msv_run_t *run, int mode, long requests);
