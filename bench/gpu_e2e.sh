@@ -52,7 +52,8 @@
 # VOCAB (prompt ids below it, 150000),
 # PROMPT (128), STAGGER (64:1024), K_SMALL (20), K_MID (1000), K_BIG
 # (8192), K_TP (1024, with top_p TOP_P 0.95), K_ST (128), NGINX_WORKERS
-# (4), SAMPLE_THREADS (8), MAX_BATCHED (8192), NGINX, REDIS, MODULE_SO,
+# (4), SAMPLE_THREADS (8), MAX_BATCHED (8192), WORKER_ARGS
+# (--batch-invariant), OUTPUT_LIMIT (256m), NGINX, REDIS, MODULE_SO,
 # PY (python with matplotlib for the charts).
 
 set -eu -o pipefail
@@ -80,6 +81,12 @@ K_ST=${K_ST:-128}
 NGINX_WORKERS=${NGINX_WORKERS:-4}
 SAMPLE_THREADS=${SAMPLE_THREADS:-8}
 MAX_BATCHED=${MAX_BATCHED:-8192}
+# --batch-invariant: the client checks that request i returns the same
+# tokens in every mode of its row, which the CUDA backend guarantees only
+# in that mode (free at batch 256, ~24% at 64: bench/results/engine.md)
+WORKER_ARGS=${WORKER_ARGS:---batch-invariant}
+# a non-streaming top_k 8192 support answer of 512 tokens is ~70 MB of JSON
+OUTPUT_LIMIT=${OUTPUT_LIMIT:-256m}
 VOCAB=${VOCAB:-150000}
 PORT=${PORT:-18080}
 REDIS_PORT=${REDIS_PORT:-16390}
@@ -238,7 +245,7 @@ start_worker() {
         --max-num-seqs "$BATCH" --max-model-len $((PROMPT + ${STAGGER#*:} + 64)) \
         --max-num-batched-tokens "$MAX_BATCHED" --ring-bytes 256M \
         --sample-threads "$SAMPLE_THREADS" --seed 1 --step-log "$pd/steps.txt" \
-        "${args[@]}" 2> "$pd/worker.log" &
+        $WORKER_ARGS "${args[@]}" 2> "$pd/worker.log" &
     wpid=$!
     for _ in $(seq 1 3000); do
         grep -q "ready: region" "$pd/worker.log" && break
@@ -270,6 +277,7 @@ http {
     uwsgi_temp_path $run/tmp/uwsgi;
     scgi_temp_path $run/tmp/scgi;
     maskserve_redis 127.0.0.1:$REDIS_PORT;
+    maskserve_output_limit $OUTPUT_LIMIT;
     server {
         listen 127.0.0.1:$PORT;
         location = /inference/v1/generate { maskserve_generate; maskserve_worker $shm; }
