@@ -35,7 +35,7 @@ exec > >(tee "$OUT/gpu_update.log") 2>&1
 . bench/gpu_env.sh
 
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader), $(nproc) cores"
-make -j"$(nproc)" B="$B" "$B/maskserve-worker" "$B/bench/update_time" \
+make -j"$(nproc)" B="$B" "$B/maskserve-worker" "$B/maskserve-cli" "$B/bench/update_time" \
     "$B/bench/write_checkpoint" > "$OUT/build.log" 2>&1 \
     || { tail -30 "$OUT/build.log"; exit 1; }
 
