@@ -72,6 +72,10 @@ my %live = (MSV_URL => $t->url(''),
             MSV_LOGITS => "$MsvTest::BUILD/maskserve-logits",
             MSV_DUMMY => 'tiny', MSV_WORKER_SEED => 1,
             MSV_LOGITS_BACKEND => $ENV{MSV_BACKEND} // 'cpu',
+            # the worker's --batch-invariant, so the replay's logits are
+            # the worker's bit for bit on CUDA too
+            MSV_LOGITS_ARGS => (($ENV{MSV_WORKER_ARGS} // '') =~ /--batch-invariant/
+                                ? '--batch-invariant' : ''),
             MSV_CLIENT_INSTALLED => "$dir/site/", MSV_REQUIRE_TORCH => 1);
 
 pytests('live, numpy', 'test_live', %live);

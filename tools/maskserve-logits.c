@@ -7,12 +7,14 @@
  *
  *   maskserve-logits (--model DIR | --dummy PRESET) [--seed N]
  *       [--backend cpu|cuda] [--max-num-batched-tokens N]
- *       --prompt IDS --tokens IDS --out FILE
+ *       [--batch-invariant] --prompt IDS --tokens IDS --out FILE
  *
  * IDS is a comma-separated list of token ids.  --seed is the worker's
  * (it makes the dummy weights).  FILE receives len(tokens) rows of vocab
  * float32 (little-endian, row-major): row t holds the logits the token
- * tokens[t] was sampled from.  One JSON line on standard output:
+ * tokens[t] was sampled from.  --batch-invariant is the worker's flag:
+ * with it on both sides the CUDA logits of a lone sequence are those the
+ * worker computed for it in any batch, bit for bit.  One JSON line on standard output:
  *   {"rows":3,"vocab":4096,"file":"out.f32"}
  * Exit status 0, 1 on a model or backend failure, 2 on bad arguments.
  */
@@ -34,7 +36,7 @@ usage(void)
     fprintf(stderr,
 "usage: maskserve-logits (--model DIR | --dummy PRESET) [--seed N]\n"
 "           [--backend cpu|cuda] [--max-num-batched-tokens N]\n"
-"           --prompt IDS --tokens IDS --out FILE\n");
+"           [--batch-invariant] --prompt IDS --tokens IDS --out FILE\n");
 }
 
 
@@ -103,6 +105,7 @@ main(int argc, char **argv)
         { "seed",                   required_argument, 0, 's' },
         { "backend",                required_argument, 0, 'b' },
         { "max-num-batched-tokens", required_argument, 0, 'B' },
+        { "batch-invariant",        no_argument,       0, 'I' },
         { "prompt",                 required_argument, 0, 'p' },
         { "tokens",                 required_argument, 0, 't' },
         { "out",                    required_argument, 0, 'o' },
@@ -123,6 +126,14 @@ main(int argc, char **argv)
         case 't': ts = optarg; break;
         case 'o': out = optarg; break;
         case 'b': backend = optarg; break;
+        case 'I':
+            /* read by the CUDA backend at create, as for the worker */
+            if (setenv("MSV_CUDA_INVARIANT", "1", 1) != 0) {
+                fprintf(stderr, "maskserve-logits: --batch-invariant: %s\n",
+                        strerror(errno));
+                return 1;
+            }
+            break;
         case 's':
             errno = 0;
             seed = strtoull(optarg, &end, 10);

@@ -6,6 +6,8 @@ on the CPU backend), started by t/50-client.t which sets:
   MSV_DUMMY        the worker's --dummy preset
   MSV_WORKER_SEED  the worker's --seed (it makes the dummy weights)
   MSV_LOGITS_BACKEND  the worker's --backend, for maskserve-logits (cpu)
+  MSV_LOGITS_ARGS  more maskserve-logits flags (--batch-invariant when the
+                   worker runs with it)
 
 Packed answers decode to the very arrays of JSON ones in every mode,
 streamed or not (greedy, whole-vocabulary rows, top logprobs, penalties,
@@ -260,6 +262,7 @@ class Live(unittest.TestCase):
                "--backend", os.environ.get("MSV_LOGITS_BACKEND", "cpu"),
                "--prompt", ",".join(map(str, prompt)),
                "--tokens", ",".join(map(str, toks)), "--out", out]
+        cmd += os.environ.get("MSV_LOGITS_ARGS", "").split()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         return np.fromfile(out, dtype="<f4").reshape(len(toks), VOCAB)
 
