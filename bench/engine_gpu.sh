@@ -64,6 +64,6 @@ CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 MSV_TEST_REQUIRE_CUDA=1 timeout ${SAN_S:-40} "$CS" --error-exitcode 9 \
     "$B/t/test_backend" -k > "$OUT/sanitizer.log" 2>&1
 echo "compute-sanitizer exit $?"
-grep -E "ERROR SUMMARY|^not ok|comparisons|test_backend:" "$OUT/sanitizer.log" \
-    | tail -4
+grep -E "ERROR SUMMARY|^not ok|comparisons|test_backend:" \
+    "$OUT/sanitizer.log" | tail -4
 stamp done

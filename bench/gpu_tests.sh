@@ -38,7 +38,9 @@ export MSV_TEST_REQUIRE_CUDA=1
 # the python3 first on the PATH has numpy and torch (t/50-client.t)
 export MSV_PYTHON=$(command -v python3)
 export MSV_NGINX=$deb/usr/sbin/nginx MSV_REDIS=$deb/usr/bin/redis-server
-prove -j"${JOBS:-1}" $(ls "$B"/t/test_* | grep -v '\.d$') ${TESTS:-t/*.t} || true
+# the C tests of this tree (not a stale binary left in $B/t)
+prove -j"${JOBS:-1}" $(ls t/c/test_*.c | sed "s|^t/c/|$B/t/|; s|\.c\$||") \
+    ${TESTS:-t/*.t} || true
 
 if [ "${CHECKS:-1}" = 1 ]; then
     echo "== GPU sampler under compute-sanitizer (memcheck)"

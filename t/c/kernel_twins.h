@@ -27,7 +27,7 @@
 #include "backend_check.h"
 
 
-/* ---- kernel twins ----------------------------------------------------- */
+/* ---- kernel twins ------------------------------------------------------- */
 
 static void
 twin_rmsnorm(float *out, const float *x, const int32_t *rows, const float *w,
@@ -187,7 +187,7 @@ twin_attention(float *out, const float *q, uint32_t q_stride, uint32_t nh,
 }
 
 
-/* ---- random batches over a paged cache --------------------------------- */
+/* ---- random batches over a paged cache ---------------------------------- */
 
 struct chk_map {
     struct msv_check_kv  kv;
@@ -264,7 +264,7 @@ chk_map_free(struct chk_map *m)
     free(m->pages);
 }
 
-/* ---- the kernels --------------------------------------------------------- */
+/* ---- the kernels -------------------------------------------------------- */
 
 static void
 check_rmsnorm(void)

@@ -69,7 +69,7 @@ static const char  *fixtures_required[] = {
 static char  msg[1024];
 
 
-/* ---- weights rounded to bf16 ------------------------------------------- */
+/* ---- weights rounded to bf16 -------------------------------------------- */
 
 struct chk_bf16w {
     struct msv_weights   w;
@@ -132,7 +132,7 @@ chk_bf16_free(struct chk_bf16w *b)
 }
 
 
-/* ---- the CUDA interface ------------------------------------------------------- */
+/* ---- the CUDA interface ------------------------------------------------- */
 
 static void
 check_api(const struct msv_model_config *cfg, const struct msv_weights *w)
@@ -248,7 +248,7 @@ check_api(const struct msv_model_config *cfg, const struct msv_weights *w)
 }
 
 
-/* ---- models: CUDA against the CPU backend -------------------------------------------- */
+/* ---- models: CUDA against the CPU backend ------------------------------- */
 
 struct duo {
     const struct msv_backend_ops  *ops[2];    /* 0 cpu, 1 cuda */
@@ -819,7 +819,8 @@ test_fixture(const char *fname, const struct msv_model_config *cfgp,
         return;
     }
 
-    lg = malloc((size_t) (maxlen * fx.n_seqs + 1) * fx.vocab * sizeof(float));
+    lg = malloc((size_t) (maxlen * fx.n_seqs + 1) * fx.vocab
+                * sizeof(float));
     ids = calloc(fx.n_seqs, sizeof(uint32_t));
     nn = calloc(fx.n_seqs, sizeof(uint32_t));
     p0 = calloc(fx.n_seqs, sizeof(uint32_t));
