@@ -26,8 +26,9 @@
  *   5. The CPU backend on dummy weights: determinism, prefill versus
  *      decode versus mixed batches, KV page accounting, batch validation.
  *
- * Comparisons of 1, 3 and 4 are also listed in a table at the end, with
- * "N of M comparisons within tolerance".  Decode timing is
+ * Each comparison of 1 and 3, and each fixture's one-batch comparison of
+ * 4, is also a row of the table printed at the end (as TAP comments),
+ * with "N of M comparisons within tolerance".  Decode timing is
  * bench/forward_time.
  *
  * usage: test_backend [-f fixtures_dir] [-k] [-q] [-s seed]
