@@ -91,6 +91,19 @@ $(B)/bench/e2e_check: bench/e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) $(LIBS)
 	    -o $@ $< $(RESP_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
+# the backend suite: with CUDA, also the host-array kernel wrappers
+# (kernels/kernel_check.cu), test code linked only here, never into
+# libmsv_worker.a
+ifneq ($(NVCC),)
+KERNEL_CHECK_OBJ := $(B)/kernels/kernel_check.o
+endif
+
+$(B)/t/test_backend: t/c/test_backend.c $(KERNEL_CHECK_OBJ) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -It/c -Ikernels -Ingx_module $(CFLAGS) $(LDFLAGS) -MMD -MP \
+	    -o $@ $< $(KERNEL_CHECK_OBJ) $(wildcard ngx_module/msv_*.c) $(LIBS) \
+	    $(CUDA_LIBS) $(LDLIBS)
+
 $(B)/t/%: t/c/%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -It/c -Ingx_module $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< \

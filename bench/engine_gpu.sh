@@ -3,18 +3,18 @@
 # a GPU machine, in one run, each part under its own time limit:
 #
 #   1. build with the CUDA backend (sm_90);
-#   2. kernels/check.sh -q -n: every kernel against its CPU twin (both KV
-#      types, serial and split attention bit-identical), the interface,
-#      the whole model CUDA vs CPU in both precisions, the fixtures vs
-#      their Hugging Face logits;
+#   2. kernels/check.sh -q -n, the backend suite t/c/test_backend with
+#      CUDA required: every kernel against its CPU twin (both KV types,
+#      serial and split attention bit-identical), the interface, the whole
+#      model CUDA vs CPU in both precisions, the fixtures on the CPU and
+#      both CUDA precisions against their Hugging Face logits;
 #   3. bench/engine.sh: the decode floor and the worker's decode and
 #      prefill rates (dummy qwen3-8b);
-#   4. t/c/test_model (the fixtures on the CPU and both CUDA precisions)
-#      and t/05-worker-cli.t on --backend cuda;
-#   5. compute-sanitizer over the kernel checks (check_backend -k).
+#   4. t/05-worker-cli.t on --backend cuda;
+#   5. compute-sanitizer over the kernel checks (test_backend -k).
 #
 # Logs go to $OUT (default build-gpu/out): gpu.log (all of it), check.log,
-# engine.log, test_model.log, t05.log, sanitizer.log, engine.tar.gz (the
+# engine.log, t05.log, sanitizer.log, engine.tar.gz (the
 # per-step lines and rows).
 # yajl comes from the Debian packages in .debs/ when the system has none.
 
@@ -37,18 +37,14 @@ make -j"$(nproc)" B="$B" bins > "$OUT/build.log" 2>&1 \
 grep -i "warning" "$OUT/build.log" | head -20
 
 stamp "kernels/check.sh -q -n"
-JOBS=$(nproc) timeout ${CHECK_S:-60} sh kernels/check.sh -q -n \
+JOBS=$(nproc) timeout ${CHECK_S:-90} sh kernels/check.sh -q -n \
     > "$OUT/check.log" 2>&1
 echo "check.sh exit $?"
-grep -E "FAIL|fail|passed|comparisons|error" "$OUT/check.log" | head -40
-sed -n '/^case /,/comparisons within/p' "$OUT/check.log" | head -70
-
-stamp "t/c/test_model (fixtures on the CPU and CUDA backends)"
-timeout 30 "$B/t/test_model" > "$OUT/test_model.log" 2>&1
-echo "test_model exit $?"
-grep -c "^ok" "$OUT/test_model.log"
-grep -E "^not ok|^# " "$OUT/test_model.log" | head -10
-grep -E "^ok .*cuda .*: \((a|b|c)\)" "$OUT/test_model.log" | head -24
+grep -c "^ok" "$OUT/check.log"
+grep -E "^not ok|FAIL|passed|comparisons|error|^# skip" "$OUT/check.log" \
+    | head -40
+sed -n '/^# case /,/comparisons within/p' "$OUT/check.log" | head -70
+grep -E "^ok .*cuda .*: \((a|b|c)\)" "$OUT/check.log" | head -24
 
 stamp "bench/engine.sh"
 OUT=$B/engine timeout ${ENGINE_S:-130} bash bench/engine.sh \
@@ -65,8 +61,9 @@ tail -4 "$OUT/t05.log"
 
 stamp "compute-sanitizer on the kernel checks"
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-timeout ${SAN_S:-40} "$CS" --error-exitcode 9 "$B/kernels/check_backend" -k \
-    > "$OUT/sanitizer.log" 2>&1
+MSV_TEST_REQUIRE_CUDA=1 timeout ${SAN_S:-40} "$CS" --error-exitcode 9 \
+    "$B/t/test_backend" -k > "$OUT/sanitizer.log" 2>&1
 echo "compute-sanitizer exit $?"
-grep -E "ERROR SUMMARY|comparisons|check_backend:" "$OUT/sanitizer.log" | tail -4
+grep -E "ERROR SUMMARY|^not ok|comparisons|test_backend:" \
+    "$OUT/sanitizer.log" | tail -4
 stamp done

@@ -1,16 +1,23 @@
 #!/bin/sh
-# check.sh: build the CUDA backend and run kernels/check_backend on the
-# GPU: per-kernel comparisons, the whole model against the CPU backend
-# (tiny preset, each t/fixtures/* model, qwen3-0.6b), the fixtures
-# against their Hugging Face logits, and decode timing for qwen3-8b.
+# check.sh: build with the CUDA backend and run the backend suite,
+# t/c/test_backend, on the GPU (a missing or unusable GPU fails instead
+# of skipping): every kernel against its CPU twin, the CUDA interface,
+# the whole model against the CPU backend (tiny preset, each
+# t/fixtures/* model, qwen3-0.6b), each fixture on every backend against
+# its Hugging Face logits; then the decode timing for qwen3-8b
+# (bench/forward_time).
 #
-#   sh kernels/check.sh [check_backend options: -n no timing, -q quick,
-#                        -k kernel checks only]
+#   sh kernels/check.sh [-n] [-q] [-k] [-s SEED] [-f DIR]
+#     -n  no timing
+#     -q  no qwen3-0.6b comparison (quicker)
+#     -k  kernel checks only (no timing)
+#     -s  the random inputs' seed (the suite prints it first)
+#     -f  the fixtures directory (default t/fixtures)
 #
 # Environment: B (build directory, default build-cuda), JOBS (make -j,
 # default 2), CC, NVCC, CUDA_HOME, and CPPFLAGS / LDFLAGS for libraries
 # outside the system paths (yajl: CPPFLAGS=-I<dir> LDFLAGS=-L<dir>).
-# Exit status: 0 when every comparison is within tolerance.
+# Exit status: 0 when every check passes (and the timing ran cleanly).
 
 set -eu
 
@@ -25,7 +32,6 @@ if [ -z "$NVCC" ]; then
     echo "check.sh: nvcc not found: the CUDA backend is not built" >&2
     exit 2
 fi
-CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
 
 if ! printf '#include <yajl/yajl_tree.h>\n' \
         | $CC ${CPPFLAGS:-} -E -x c - >/dev/null 2>&1; then
@@ -34,21 +40,30 @@ if ! printf '#include <yajl/yajl_tree.h>\n' \
     exit 2
 fi
 
-make -j"${JOBS:-2}" B="$B" "$B/libmsv_worker.a" "$B/libmsv_shm.a"
+timing=1
+fixtures=t/fixtures
+opts=
+while getopts f:knqs: o; do
+    case $o in
+    f) fixtures=$OPTARG ;;
+    k) opts="$opts -k"; timing=0 ;;
+    n) timing=0 ;;
+    q) opts="$opts -q" ;;
+    s) opts="$opts -s $OPTARG" ;;
+    *) echo "usage: $0 [-n] [-q] [-k] [-s seed] [-f fixtures_dir]" >&2
+       exit 2 ;;
+    esac
+done
 
-mkdir -p "$B/kernels"
-# the host-array kernel wrappers are test code: built here, not part of
-# libmsv_worker.a
-"$NVCC" -O2 -g -gencode arch=compute_90,code=sm_90 -Ishm -Iworker \
-    -DMSV_HAVE_CUDA=1 -c kernels/kernel_check.cu -o "$B/kernels/kernel_check.o"
-$CC -std=gnu11 -O2 -g -Wall -Wextra -Wno-unused-parameter -pthread \
-    ${CPPFLAGS:-} -Ishm -Iworker -Ikernels -DMSV_HAVE_CUDA=1 \
-    -o "$B/kernels/check_backend" kernels/check_backend.c \
-    "$B/kernels/kernel_check.o" \
-    "$B/libmsv_worker.a" "$B/libmsv_shm.a" \
-    ${LDFLAGS:-} -L"$CUDA_HOME/lib64" \
-    -L"$CUDA_HOME/targets/x86_64-linux/lib" \
-    -lcublas -lcudart -lstdc++ -Wl,-rpath,"$CUDA_HOME/lib64" \
-    -lyajl -lm -lpthread -lrt
+export CC NVCC
+make -j"${JOBS:-2}" B="$B" "$B/t/test_backend" "$B/bench/forward_time"
 
-exec "$B/kernels/check_backend" -f t/fixtures "$@"
+rc=0
+# shellcheck disable=SC2086
+MSV_TEST_REQUIRE_CUDA=1 "$B/t/test_backend" -f "$fixtures" $opts || rc=$?
+
+if [ "$timing" = 1 ]; then
+    echo
+    "$B/bench/forward_time" || rc=$((rc ? rc : $?))
+fi
+exit $rc

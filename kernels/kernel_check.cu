@@ -1,6 +1,6 @@
 /*
  * kernel_check.cu: host-array wrappers around single kernels, for the
- * per-kernel comparisons in kernels/check_backend.
+ * per-kernel comparisons of the backend suite (t/c/kernel_twins.h).
  */
 
 #include <stdio.h>

@@ -1,7 +1,9 @@
 /*
  * kernel_check.h: run one kernel on host arrays (upload, launch,
- * download), so that kernels/check_backend can compare each kernel with
- * its CPU twin.  Every function returns 0, or -1 with err set.
+ * download), so that the backend suite (t/c/test_backend, its kernel
+ * checks in t/c/kernel_twins.h) can compare each kernel with its CPU
+ * twin.  Test code: kernel_check.cu is linked into that test only, never
+ * into libmsv_worker.a.  Every function returns 0, or -1 with err set.
  */
 
 #ifndef MSV_KERNEL_CHECK_H

@@ -1,0 +1,662 @@
+/*
+ * kernel_twins.h: each CUDA kernel against a double-precision CPU twin,
+ * on fresh random inputs with odd sizes (part of test_backend; the
+ * kernels run on host arrays through kernels/kernel_check.h, test code
+ * linked only into the test, not part of libmsv_worker.a):
+ *
+ *   - RMSNorm: 1 to 8192 columns, each activation format, with and
+ *     without row gather;
+ *   - bias + q/k norm + RoPE + KV store, fp32 and bf16 KV: every slot
+ *     outside the batch must keep its poison;
+ *   - paged attention, fp32 and bf16 KV, GQA ratios 1 to 7, a peaked
+ *     case and one with every key equal: the serial and the split + merge
+ *     forms must give identical bytes;
+ *   - the bf16 GEMV of small batches, with and without accumulate.
+ *
+ * Tolerance 1e-5 (4e-3 for bf16 output and the bf16 KV store).
+ * Header-only, after backend_check.h; needs a build with CUDA.
+ */
+
+#ifndef MSV_KERNEL_TWINS_H
+#define MSV_KERNEL_TWINS_H
+
+#ifdef MSV_HAVE_CUDA
+
+#include "backend.h"
+#include "kernel_check.h"
+#include "backend_check.h"
+
+
+/* ---- kernel twins ------------------------------------------------------- */
+
+static void
+twin_rmsnorm(float *out, const float *x, const int32_t *rows, const float *w,
+    uint32_t n_rows, uint32_t n, float eps)
+{
+    const float  *xr;
+    double        ss, scale;
+    uint32_t      r, i;
+
+    for (r = 0; r < n_rows; r++) {
+        xr = x + (size_t) (rows != NULL ? (uint32_t) rows[r] : r) * n;
+        ss = 0.0;
+        for (i = 0; i < n; i++) {
+            ss += (double) xr[i] * xr[i];
+        }
+        scale = 1.0 / sqrt(ss / n + eps);
+        for (i = 0; i < n; i++) {
+            out[(size_t) r * n + i] = (float) (w[i] * (xr[i] * scale));
+        }
+    }
+}
+
+
+/* Cache offset of (token t's slot, kv head). */
+static size_t
+twin_slot(const struct msv_check_kv *kv, uint32_t n_kv_heads,
+    uint32_t head_dim, uint32_t t, uint32_t kvh)
+{
+    int32_t  p, page;
+
+    p = kv->pos[t];
+    page = kv->pages[kv->page_off[kv->tok_seq[t]] + p / MSV_KV_BLOCK];
+    return (((size_t) page * n_kv_heads + kvh) * MSV_KV_BLOCK
+            + (size_t) (p % MSV_KV_BLOCK)) * head_dim;
+}
+
+
+/* Same contract as msv_cuda_run_qkv_rope; written marks cache entries
+ * the twin wrote. */
+static void
+twin_qkv_rope(float *qkv, uint32_t nh, uint32_t nkv, uint32_t hd,
+    const float *bias, const float *q_norm, const float *k_norm, float eps,
+    const float *inv_freq, const struct msv_check_kv *kv, uint8_t *written)
+{
+    uint32_t      t, h, d, half, heads;
+    double        v[512], ss, scale, ang, y0, y1;
+    float        *row, *cache;
+    const float  *nw;
+    size_t        off;
+    int           is_q, is_k;
+
+    half = hd / 2;
+    heads = nh + 2 * nkv;
+
+    for (t = 0; t < kv->n_tokens; t++) {
+        for (h = 0; h < heads; h++) {
+            row = qkv + ((size_t) t * heads + h) * hd;
+            is_q = h < nh;
+            is_k = !is_q && h < nh + nkv;
+
+            for (d = 0; d < hd; d++) {
+                v[d] = (double) row[d]
+                       + (bias != NULL ? bias[(size_t) h * hd + d] : 0.0);
+            }
+
+            nw = is_q ? q_norm : (is_k ? k_norm : NULL);
+            if (nw != NULL) {
+                ss = 0.0;
+                for (d = 0; d < hd; d++) {
+                    ss += v[d] * v[d];
+                }
+                scale = 1.0 / sqrt(ss / hd + eps);
+                for (d = 0; d < hd; d++) {
+                    v[d] = nw[d] * (v[d] * scale);
+                }
+            }
+
+            if (is_q || is_k) {
+                for (d = 0; d < half; d++) {
+                    /* the angle is the fp32 product, as in HF */
+                    ang = (double) ((float) kv->pos[t] * inv_freq[d]);
+                    y0 = v[d] * cos(ang) - v[d + half] * sin(ang);
+                    y1 = v[d + half] * cos(ang) + v[d] * sin(ang);
+                    v[d] = y0;
+                    v[d + half] = y1;
+                }
+            }
+
+            for (d = 0; d < hd; d++) {
+                row[d] = (float) v[d];
+            }
+
+            if (!is_q && kv->k_cache != NULL) {
+                off = twin_slot(kv, nkv, hd, t,
+                                is_k ? h - nh : h - nh - nkv);
+                cache = is_k ? kv->k_cache : kv->v_cache;
+                for (d = 0; d < hd; d++) {
+                    cache[off + d] = kv->kv_bf16 ? chk_round_bf16((float) v[d])
+                                                 : (float) v[d];
+                    written[off + d] |= is_k ? 1 : 2;
+                }
+            }
+        }
+    }
+}
+
+
+static void
+twin_attention(float *out, const float *q, uint32_t q_stride, uint32_t nh,
+    uint32_t nkv, uint32_t hd, float scale, const struct msv_check_kv *kv)
+{
+    uint32_t      t, h, kvh, d;
+    int32_t       j, p, page;
+    double       *sc, m, sum, o;
+    const float  *qr;
+    size_t        base;
+
+    sc = chk_alloc(((size_t) CHK_MAX_CTX + 1) * sizeof(double));
+
+    for (t = 0; t < kv->n_tokens; t++) {
+        p = kv->pos[t] < CHK_MAX_CTX ? kv->pos[t] : CHK_MAX_CTX;
+        for (h = 0; h < nh; h++) {
+            kvh = h / (nh / nkv);
+            qr = q + (size_t) t * q_stride + (size_t) h * hd;
+            m = -INFINITY;
+            for (j = 0; j <= p; j++) {
+                page = kv->pages[kv->page_off[kv->tok_seq[t]]
+                                 + j / MSV_KV_BLOCK];
+                base = (((size_t) page * nkv + kvh) * MSV_KV_BLOCK
+                        + (size_t) (j % MSV_KV_BLOCK)) * hd;
+                o = 0.0;
+                for (d = 0; d < hd; d++) {
+                    o += (double) qr[d] * kv->k_cache[base + d];
+                }
+                sc[j] = o * scale;
+                m = sc[j] > m ? sc[j] : m;
+            }
+            sum = 0.0;
+            for (j = 0; j <= p; j++) {
+                sc[j] = exp(sc[j] - m);
+                sum += sc[j];
+            }
+            for (d = 0; d < hd; d++) {
+                o = 0.0;
+                for (j = 0; j <= p; j++) {
+                    page = kv->pages[kv->page_off[kv->tok_seq[t]]
+                                     + j / MSV_KV_BLOCK];
+                    base = (((size_t) page * nkv + kvh) * MSV_KV_BLOCK
+                            + (size_t) (j % MSV_KV_BLOCK)) * hd;
+                    o += sc[j] * kv->v_cache[base + d];
+                }
+                out[((size_t) t * nh + h) * hd + d] = (float) (o / sum);
+            }
+        }
+    }
+    free(sc);
+}
+
+
+/* ---- random batches over a paged cache ---------------------------------- */
+
+struct chk_map {
+    struct msv_check_kv  kv;
+    int32_t             *pos, *tok_seq, *page_off, *pages;
+};
+
+
+/* n_seqs sequences of ctx[s] tokens, the last n_new[s] of them new; pages
+ * drawn at random out of a pool with spare pages. */
+static void
+chk_map_make(struct chk_map *m, uint32_t n_seqs, const uint32_t *ctx,
+    const uint32_t *n_new)
+{
+    uint32_t  s, k, T, E, n_pages, *perm, tmp, j, t;
+
+    T = 0;
+    E = 0;
+    for (s = 0; s < n_seqs; s++) {
+        T += n_new[s];
+        E += (ctx[s] + MSV_KV_BLOCK - 1) / MSV_KV_BLOCK;
+    }
+    n_pages = E + 5;
+
+    m->pos = chk_alloc(T * sizeof(int32_t));
+    m->tok_seq = chk_alloc(T * sizeof(int32_t));
+    m->page_off = chk_alloc(n_seqs * sizeof(int32_t));
+    m->pages = chk_alloc(E * sizeof(int32_t));
+
+    perm = chk_alloc(n_pages * sizeof(uint32_t));
+    for (k = 0; k < n_pages; k++) {
+        perm[k] = k;
+    }
+    for (k = n_pages - 1; k > 0; k--) {
+        j = chk_below(k + 1);
+        tmp = perm[k];
+        perm[k] = perm[j];
+        perm[j] = tmp;
+    }
+
+    t = 0;
+    E = 0;
+    for (s = 0; s < n_seqs; s++) {
+        m->page_off[s] = (int32_t) E;
+        for (k = 0; k < (ctx[s] + MSV_KV_BLOCK - 1) / MSV_KV_BLOCK; k++) {
+            m->pages[E] = (int32_t) perm[E];
+            E++;
+        }
+        for (k = ctx[s] - n_new[s]; k < ctx[s]; k++) {
+            m->pos[t] = (int32_t) k;
+            m->tok_seq[t] = (int32_t) s;
+            t++;
+        }
+    }
+    free(perm);
+
+    memset(&m->kv, 0, sizeof(m->kv));
+    m->kv.n_tokens = T;
+    m->kv.n_seqs = n_seqs;
+    m->kv.n_entries = E;
+    m->kv.n_pages = n_pages;
+    m->kv.pos = m->pos;
+    m->kv.tok_seq = m->tok_seq;
+    m->kv.page_off = m->page_off;
+    m->kv.pages = m->pages;
+}
+
+
+static void
+chk_map_free(struct chk_map *m)
+{
+    free(m->pos);
+    free(m->tok_seq);
+    free(m->page_off);
+    free(m->pages);
+}
+
+/* ---- the kernels -------------------------------------------------------- */
+
+static void
+check_rmsnorm(void)
+{
+    static const uint32_t  shapes[][2] = {
+        { 1, 1 }, { 3, 77 }, { 17, 1000 }, { 5, 4099 }, { 2, 8192 },
+        { 64, 4096 }
+    };
+    static const char     *fmt_name[] = { "f32", "bf16", "bf16x2" };
+    static const double    fmt_tol[] = { CHK_TOL_KERNEL, 4e-3,
+                                         CHK_TOL_KERNEL };
+    char                   err[512];
+    float                 *x, *w, *out, *ref;
+    int32_t               *rows;
+    uint32_t               i, s, nr, n, n_in;
+    int                    fmt, gather;
+
+    for (s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        for (fmt = 0; fmt < 3; fmt++) {
+            for (gather = 0; gather < 2; gather++) {
+                nr = shapes[s][0];
+                n = shapes[s][1];
+                n_in = nr + 3;
+                x = chk_alloc((size_t) n_in * n * sizeof(float));
+                w = chk_alloc(n * sizeof(float));
+                out = chk_alloc((size_t) nr * n * sizeof(float));
+                ref = chk_alloc((size_t) nr * n * sizeof(float));
+                rows = chk_alloc(nr * sizeof(int32_t));
+
+                chk_fill(x, (size_t) n_in * n, 3.0f);
+                /* an outlier, so rows are not uniform */
+                x[chk_below(n_in * n)] = 40.0f;
+                for (i = 0; i < n; i++) {
+                    w[i] = 1.0f + 0.5f * chk_uniform();
+                }
+                for (i = 0; i < nr; i++) {
+                    rows[i] = (int32_t) chk_below(n_in);
+                }
+                chk_poison(out, (size_t) nr * n);
+
+                if (msv_cuda_run_rmsnorm(out, fmt, x, n_in,
+                                         gather ? rows : NULL, w, nr, n,
+                                         1e-6f, err, sizeof(err)) != 0)
+                {
+                    chk_fail("kernel rmsnorm %ux%u: %s", nr, n, err);
+                } else {
+                    twin_rmsnorm(ref, x, gather ? rows : NULL, w, nr, n,
+                                 1e-6f);
+                    chk_record(chk_rel_rows(out, ref, nr, n), fmt_tol[fmt],
+                               "kernel rmsnorm %ux%u %s%s", nr, n,
+                               fmt_name[fmt], gather ? " gather" : "");
+                }
+                free(x);
+                free(w);
+                free(out);
+                free(ref);
+                free(rows);
+            }
+        }
+    }
+}
+
+
+struct rope_case {
+    uint32_t  nh, nkv, hd, n_seqs, max_ctx;
+    int       bias, norm;
+};
+
+
+static void
+check_qkv_rope(void)
+{
+    static const struct rope_case  cases[] = {
+        { 4, 2, 16, 3, 40, 1, 1 },
+        { 12, 3, 64, 4, 5000, 0, 1 },
+        { 8, 8, 128, 2, 300, 1, 0 },
+        { 2, 1, 256, 2, 33, 0, 0 },
+        { 3, 1, 6, 5, 70, 1, 1 },
+        { 32, 8, 128, 3, 2000, 0, 1 },
+    };
+    const struct rope_case        *c;
+    struct chk_map                 m;
+    char                           err[512];
+    uint32_t                       ctx[8], n_new[8], s, heads, k;
+    float                         *qkv, *ref, *bias, *qn, *kn, *inv;
+    float                         *kc, *vc, *rkc, *rvc, *gk, *gv, *rk, *rv;
+    uint8_t                       *written;
+    size_t                         nq, cache, i, nw, bad;
+    double                         e1, e2, e3;
+    int                            kb;
+
+    for (k = 0; k < 2 * sizeof(cases) / sizeof(cases[0]); k++) {
+        c = &cases[k / 2];
+        kb = k % 2;
+        for (s = 0; s < c->n_seqs; s++) {
+            ctx[s] = 1 + chk_below(c->max_ctx);
+            n_new[s] = 1 + chk_below(ctx[s] < 19 ? ctx[s] : 19);
+        }
+        chk_map_make(&m, c->n_seqs, ctx, n_new);
+
+        heads = c->nh + 2 * c->nkv;
+        nq = (size_t) m.kv.n_tokens * heads * c->hd;
+        cache = (size_t) m.kv.n_pages * c->nkv * MSV_KV_BLOCK * c->hd;
+
+        qkv = chk_alloc(nq * sizeof(float));
+        ref = chk_alloc(nq * sizeof(float));
+        bias = chk_alloc((size_t) heads * c->hd * sizeof(float));
+        qn = chk_alloc(c->hd * sizeof(float));
+        kn = chk_alloc(c->hd * sizeof(float));
+        inv = chk_alloc(c->hd / 2 * sizeof(float));
+        kc = chk_alloc(cache * sizeof(float));
+        vc = chk_alloc(cache * sizeof(float));
+        rkc = chk_alloc(cache * sizeof(float));
+        rvc = chk_alloc(cache * sizeof(float));
+        written = calloc(cache, 1);
+        if (written == NULL) {
+            fprintf(stderr, "test_backend: out of memory\n");
+            exit(2);
+        }
+
+        chk_fill(qkv, nq, 2.0f);
+        memcpy(ref, qkv, nq * sizeof(float));
+        chk_fill(bias, (size_t) heads * c->hd, 0.5f);
+        for (i = 0; i < c->hd; i++) {
+            qn[i] = 1.0f + 0.3f * chk_uniform();
+            kn[i] = 1.0f + 0.3f * chk_uniform();
+        }
+        for (i = 0; i < c->hd / 2; i++) {
+            inv[i] = (float) pow(10000.0, -2.0 * i / c->hd);
+        }
+        for (i = 0; i < cache; i++) {
+            kc[i] = -768.0f;     /* poison (exact in bf16): must survive */
+            vc[i] = -768.0f;     /* where unwritten */
+        }
+        memcpy(rkc, kc, cache * sizeof(float));
+        memcpy(rvc, vc, cache * sizeof(float));
+
+        m.kv.k_cache = kc;
+        m.kv.v_cache = vc;
+        m.kv.kv_bf16 = kb;
+        if (msv_cuda_run_qkv_rope(qkv, c->nh, c->nkv, c->hd,
+                                  c->bias ? bias : NULL,
+                                  c->norm ? qn : NULL, c->norm ? kn : NULL,
+                                  1e-6f, inv, &m.kv, err, sizeof(err)) != 0)
+        {
+            chk_fail("kernel qkv_rope: %s", err);
+        } else {
+            m.kv.k_cache = rkc;
+            m.kv.v_cache = rvc;
+            twin_qkv_rope(ref, c->nh, c->nkv, c->hd, c->bias ? bias : NULL,
+                          c->norm ? qn : NULL, c->norm ? kn : NULL, 1e-6f,
+                          inv, &m.kv, written);
+
+            /* written slots compared; every other one still the poison */
+            gk = chk_alloc(cache * sizeof(float));
+            gv = chk_alloc(cache * sizeof(float));
+            rk = chk_alloc(cache * sizeof(float));
+            rv = chk_alloc(cache * sizeof(float));
+            nw = 0;
+            bad = 0;
+            for (i = 0; i < cache; i++) {
+                if (written[i]) {
+                    gk[nw] = kc[i];
+                    gv[nw] = vc[i];
+                    rk[nw] = rkc[i];
+                    rv[nw] = rvc[i];
+                    nw++;
+                } else if (kc[i] != -768.0f || vc[i] != -768.0f) {
+                    bad++;
+                }
+            }
+            /* a bf16 store rounds the fp32 result: within one bf16 step
+             * (2^-8 relative) of the rounded reference */
+            e1 = chk_rel_rows(qkv, ref, m.kv.n_tokens, (size_t) heads * c->hd);
+            e2 = chk_rel(gk, rk, nw);
+            e3 = chk_rel(gv, rv, nw);
+            e2 = isnan(e3) || e3 > e2 ? e3 : e2;
+            if (bad != 0) {
+                chk_fail("kernel qkv_rope nh=%u nkv=%u hd=%u: %zu cache "
+                         "entries written outside the batch's slots",
+                         c->nh, c->nkv, c->hd, bad);
+            }
+            chk_record(e1, CHK_TOL_KERNEL, "kernel qkv_rope nh=%u nkv=%u "
+                       "hd=%u T=%u%s%s%s", c->nh, c->nkv, c->hd,
+                       m.kv.n_tokens, c->bias ? " bias" : "",
+                       c->norm ? " qknorm" : "", kb ? " kv-bf16" : "");
+            chk_record(e2, kb ? 4e-3 : CHK_TOL_KERNEL, "kernel kv store "
+                       "nkv=%u hd=%u%s", c->nkv, c->hd, kb ? " bf16" : "");
+            free(gk);
+            free(gv);
+            free(rk);
+            free(rv);
+        }
+
+        free(qkv);
+        free(ref);
+        free(bias);
+        free(qn);
+        free(kn);
+        free(inv);
+        free(kc);
+        free(vc);
+        free(rkc);
+        free(rvc);
+        free(written);
+        chk_map_free(&m);
+    }
+}
+
+
+struct attn_case {
+    uint32_t  nh, nkv, hd, n_seqs, max_ctx;
+    float     qscale;    /* large: peaked softmax */
+    int       ties;      /* every key equal: uniform softmax */
+};
+
+
+static void
+check_attention(void)
+{
+    static const struct attn_case  cases[] = {
+        { 4, 2, 16, 3, 40, 1.0f, 0 },
+        { 7, 1, 40, 4, 300, 1.0f, 0 },
+        { 8, 8, 128, 2, 1000, 1.0f, 0 },
+        { 32, 8, 128, 5, 700, 6.0f, 0 },
+        { 2, 1, 256, 3, 100, 1.0f, 0 },
+        { 6, 2, 64, 3, 90, 1.0f, 1 },
+        { 4, 4, 6, 2, 17, 2.0f, 0 },
+        { 32, 8, 128, 6, 3000, 1.0f, 0 },
+        { 10, 2, 128, 3, 129, 1.0f, 0 },
+    };
+    const struct attn_case        *c;
+    struct chk_map                 m;
+    char                           err[512];
+    uint32_t                       ctx[8], n_new[8], s, k, stride;
+    float                         *q, *out, *out2, *ref, *kc, *vc;
+    size_t                         nq, nout, cache, i;
+    int                            kb;
+
+    for (k = 0; k < 2 * sizeof(cases) / sizeof(cases[0]); k++) {
+        c = &cases[k / 2];
+        kb = k % 2;
+        for (s = 0; s < c->n_seqs; s++) {
+            ctx[s] = 1 + chk_below(c->max_ctx);
+            n_new[s] = 1 + chk_below(ctx[s] < 9 ? ctx[s] : 9);
+        }
+        ctx[0] = 1;         /* a sequence with a single position */
+        n_new[0] = 1;
+        chk_map_make(&m, c->n_seqs, ctx, n_new);
+
+        /* q rows as in the fused qkv buffer: q heads then k, v heads */
+        stride = (c->nh + 2 * c->nkv) * c->hd;
+        nq = (size_t) m.kv.n_tokens * stride;
+        nout = (size_t) m.kv.n_tokens * c->nh * c->hd;
+        cache = (size_t) m.kv.n_pages * c->nkv * MSV_KV_BLOCK * c->hd;
+
+        q = chk_alloc(nq * sizeof(float));
+        out = chk_alloc(nout * sizeof(float));
+        out2 = chk_alloc(nout * sizeof(float));
+        ref = chk_alloc(nout * sizeof(float));
+        kc = chk_alloc(cache * sizeof(float));
+        vc = chk_alloc(cache * sizeof(float));
+
+        chk_fill(q, nq, c->qscale);
+        chk_fill(kc, cache, 1.0f);
+        chk_fill(vc, cache, 1.0f);
+        if (c->ties) {
+            for (i = 0; i < cache; i++) {
+                kc[i] = 0.25f;
+            }
+        }
+        if (kb) {           /* the twin reads what the bf16 cache holds */
+            for (i = 0; i < cache; i++) {
+                kc[i] = chk_round_bf16(kc[i]);
+                vc[i] = chk_round_bf16(vc[i]);
+            }
+        }
+        chk_poison(out, nout);
+        chk_poison(out2, nout);
+
+        m.kv.k_cache = kc;
+        m.kv.v_cache = vc;
+        m.kv.kv_bf16 = kb;
+        if (msv_cuda_run_attention(out, q, stride, c->nh, c->nkv, c->hd,
+                                   (float) (1.0 / sqrt(c->hd)), &m.kv,
+                                   MSV_CHECK_ATTN_FOLD, err, sizeof(err)) != 0
+            || msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv, c->hd,
+                                      (float) (1.0 / sqrt(c->hd)), &m.kv,
+                                      MSV_CHECK_ATTN_PARALLEL, err,
+                                      sizeof(err)) != 0)
+        {
+            chk_fail("kernel attention: %s", err);
+        } else {
+            /* batch invariance: one block walking the splits and one
+             * block per split + merge give the same bits */
+            if (memcmp(out, out2, nout * sizeof(float)) != 0) {
+                chk_fail("kernel attention nh=%u nkv=%u hd=%u%s: serial "
+                         "and split forms differ", c->nh, c->nkv, c->hd,
+                         kb ? " kv-bf16" : "");
+            }
+            twin_attention(ref, q, stride, c->nh, c->nkv, c->hd,
+                           (float) (1.0 / sqrt(c->hd)), &m.kv);
+            chk_record(chk_rel_rows(out, ref, (size_t) m.kv.n_tokens * c->nh,
+                                    c->hd),
+                       CHK_TOL_KERNEL, "kernel attention nh=%u nkv=%u hd=%u "
+                       "T=%u%s%s%s", c->nh, c->nkv, c->hd, m.kv.n_tokens,
+                       c->qscale > 1.0f ? " peaked" : "",
+                       c->ties ? " ties" : "", kb ? " kv-bf16" : "");
+        }
+
+        free(q);
+        free(out);
+        free(out2);
+        free(ref);
+        free(kc);
+        free(vc);
+        chk_map_free(&m);
+    }
+}
+
+
+
+/* The small-batch GEMV path against a double-precision product. */
+static void
+check_gemv(void)
+{
+    static const uint32_t  cases[][4] = {   /* rows, cols, n, accumulate */
+        { 37, 8, 1, 0 }, { 4096, 4096, 1, 1 }, { 1000, 12288, 3, 0 },
+        { 6144, 4096, 8, 1 }, { 33, 2056, 5, 0 }, { 151, 1024, 2, 1 },
+        { 1, 64, 7, 0 },
+    };
+    char       err[512];
+    uint16_t  *w, *x;
+    float     *out, *ref;
+    double     sum;
+    uint32_t   k, r, m, i, rows, cols, n;
+    size_t     nw;
+
+    for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        rows = cases[k][0];
+        cols = cases[k][1];
+        n = cases[k][2];
+        nw = (size_t) rows * cols;
+        w = chk_alloc(nw * sizeof(uint16_t));
+        x = chk_alloc((size_t) n * cols * sizeof(uint16_t));
+        out = chk_alloc((size_t) n * rows * sizeof(float));
+        ref = chk_alloc((size_t) n * rows * sizeof(float));
+        for (i = 0; i < nw; i++) {
+            w[i] = chk_to_bf16((float) (chk_uniform() * 2.0 - 1.0)
+                               / sqrtf((float) cols));
+        }
+        for (i = 0; i < n * cols; i++) {
+            x[i] = chk_to_bf16((float) (chk_uniform() * 4.0 - 2.0));
+        }
+        chk_fill(out, (size_t) n * rows, 1.0f);
+        for (m = 0; m < n; m++) {
+            for (r = 0; r < rows; r++) {
+                sum = cases[k][3] ? out[(size_t) m * rows + r] : 0.0;
+                for (i = 0; i < cols; i++) {
+                    sum += (double) chk_bf16_val(w[(size_t) r * cols + i])
+                           * chk_bf16_val(x[(size_t) m * cols + i]);
+                }
+                ref[(size_t) m * rows + r] = (float) sum;
+            }
+        }
+        if (msv_cuda_run_gemv(out, w, x, rows, cols, n, (int) cases[k][3],
+                              err, sizeof(err)) != 0)
+        {
+            chk_fail("kernel gemv: %s", err);
+        } else {
+            chk_record(chk_rel_rows(out, ref, n, rows), CHK_TOL_KERNEL,
+                       "kernel gemv %ux%u n=%u%s", rows, cols, n,
+                       cases[k][3] ? " accumulate" : "");
+        }
+        free(w);
+        free(x);
+        free(out);
+        free(ref);
+    }
+}
+
+
+/* Every kernel check, in this order (the random inputs follow the seed). */
+static void
+check_kernels(void)
+{
+    check_rmsnorm();
+    check_qkv_rope();
+    check_attention();
+    check_gemv();
+}
+
+#endif /* MSV_HAVE_CUDA */
+
+#endif /* MSV_KERNEL_TWINS_H */
