@@ -7,9 +7,10 @@
  *
  * Input (FILE, or stdin): pairs of lines, a request (the JSON body of
  * POST /inference/v1/generate) and what it got, one JSON value a line:
- *   - an object: the non-streaming response body or, with --choice, one
- *     element of its "choices" (the tests merge a stream's events into
- *     one choice);
+ *   - an object: the non-streaming response body (with sampling_params.n,
+ *     its n choices, each checked, index 0..n-1 once each) or, with
+ *     --choice, one element of its "choices" checked as the only one (the
+ *     tests merge a stream's events into one choice);
  *   - a string: the body of a stream (text/event-stream), JSON-encoded
  *     to fit on the line.
  * Each is checked against what its request asked (the mask mode and
@@ -59,6 +60,7 @@ msv_ask_of(const char *req, long vocab, msv_ask_t *a, char *why,
     const char  *p_max[] = { "sampling_params", "max_tokens", NULL };
     const char  *p_lp[] = { "sampling_params", "logprobs", NULL };
     const char  *p_eos[] = { "sampling_params", "ignore_eos", NULL };
+    const char  *p_n[] = { "sampling_params", "n", NULL };
     const char  *p_ids[] = { "token_ids", NULL };
     const char  *s;
     yajl_val     root, v;
@@ -93,6 +95,8 @@ msv_ask_of(const char *req, long vocab, msv_ask_t *a, char *why,
     e->max_tokens = v ? (long) YAJL_GET_DOUBLE(v) : -1;
     v = yajl_tree_get(root, p_lp, yajl_t_number);
     e->logprobs = v ? (long) YAJL_GET_DOUBLE(v) : -1;
+    v = yajl_tree_get(root, p_n, yajl_t_number);
+    e->n = v ? (long) YAJL_GET_DOUBLE(v) : 1;
     e->vocab = vocab;
     e->whole = 1;
     a->ignore_eos = YAJL_IS_TRUE(yajl_tree_get(root, p_eos, yajl_t_true));
@@ -115,7 +119,7 @@ msv_check_one(msv_doc_t *d, const char *resp, size_t n, int choice,
     unsigned char  *msg;
     int             rc = 0;
 
-    msv_doc_reset(d);
+    msv_doc_reset(d, e);
     h = yajl_alloc(&msv_doc_callbacks, NULL, d);
     if (h == NULL) {
         fprintf(stderr, "e2e_check: yajl_alloc failed\n");
@@ -150,7 +154,7 @@ msv_check_one(msv_doc_t *d, const char *resp, size_t n, int choice,
     } else if (!d->top_done) {
         snprintf(why, whylen, "empty JSON document");
         rc = -1;
-    } else if (msv_doc_check(d, e) != 0) {
+    } else if (msv_doc_check(d) != 0) {
         snprintf(why, whylen, "%s", d->bad);
         rc = -1;
     }
@@ -345,6 +349,7 @@ main(int argc, char **argv)
                 free(sse);
             }
         } else if (choice) {
+            a.e.n = 1;              /* one of the choices, alone */
             rc = msv_check_one(&d, resp, (size_t) n, 1, &a.e, why,
                                sizeof(why));
         } else {

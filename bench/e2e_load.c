@@ -3,7 +3,9 @@
  *
  * Keeps N streaming (or non-streaming) requests in flight over HTTP/1.1
  * keep-alive connections (one request per connection at a time, epoll,
- * nonblocking sockets), for a fixed number of requests or seconds, and
+ * nonblocking sockets; the connections shared out among --threads
+ * threads, each with its own epoll loop, parsing and checking its own
+ * responses), for a fixed number of requests or seconds, and
  * measures requests/s, tokens/s, bytes/s, time to first event and total
  * latency (p50/p99).  The mask modes (off, selected, support), in JSON
  * or packed (mask_format "packed": selected-packed, support-packed), run
@@ -14,23 +16,28 @@
  * Every response is validated; a fast wrong answer is not a result:
  *   - HTTP status 200 and the content type of the mode;
  *   - chunked transfer encoding decoded, SSE `data:` events split, each
- *     event's JSON parsed (yajl) and checked: one choice, token_ids
+ *     event's JSON parsed (yajl) and checked: with --n N, N choices in a
+ *     body, index 0..N-1 once each, one to N of them in an event, each
+ *     checked as a single choice is (otherwise one choice), token_ids
  *     integers, when masks were asked exactly one mask row and one
  *     logprob entry per token of the event, rows ascending and unique,
  *     the sampled token in its row, |row| <= top_k, support logprobs
  *     aligned with their row and logsumexp to 0, selected logprobs <= 0;
  *     packed masks are base64-decoded (strictly) and their lengths, ids
  *     and logprobs go through the same checks, none skipped;
- *   - the stream ends with `data: [DONE]`, the last event carries the
- *     finish_reason (and only the last) and usage; completion_tokens is
- *     the number of tokens received; with ignore_eos the number of
- *     tokens is max_tokens and the finish_reason is "length";
+ *   - the stream ends with `data: [DONE]`; nothing of a choice follows the
+ *     event with its finish_reason; the event that ends the last choice
+ *     carries usage, and no other; completion_tokens is the number of
+ *     tokens received over all choices; with ignore_eos every choice has
+ *     max_tokens tokens and the finish_reason "length";
  *   - request i carries the same prompt and seed in every mode and every
  *     repeat: its token_ids must be identical each time (masks must not
  *     change what is sampled), and its mask ids identical in JSON and
  *     packed form of the same mode.
  * Any failure is counted, the first few are printed, and the exit status
- * is 1.
+ * is 1.  The statistics of a run are those of all its responses whatever
+ * thread received them (percentiles over every sample), and the client
+ * CPU is the process's, all threads.
  *
  * The parts, one concern a file: this file parses the options and runs
  * the repeats; bench/e2e/load.c is the load driver with its statistics,
@@ -44,7 +51,7 @@
  *
  *   e2e_load --port 8080 [-c 64] [-n 512 | -d 10] [--max-tokens 16]
  *            [--modes off,selected,support,selected-packed,support-packed]
- *            [--top-k 50] [--no-stream]
+ *            [--top-k 50] [--no-stream] [--n 4] [--threads 8]
  *
  * Run with --help for every option.
  */
@@ -94,8 +101,15 @@ msv_usage(FILE *f)
 "  --top-p P              sampling_params.top_p (1.0)\n"
 "  --temperature T        sampling_params.temperature (1.0)\n"
 "  --prompt-len N         prompt tokens per request (16)\n"
-"  --vocab N              prompt ids are drawn from [1, N) (1000)\n""  --group G              G consecutive requests share a prompt (their\n"
+"  --vocab N              prompt ids are drawn from [1, N) (1000)\n"
+"  --group G              G consecutive requests share a prompt (their\n"
 "                         seeds differ), as rollouts of one prompt (1)\n"
+"  --n N                  sampling_params.n: N completions of the prompt\n"
+"                         in one request, each choice checked; tokens\n"
+"                         count over all choices (1)\n"
+"  --threads N            client threads, each with its own epoll loop,\n"
+"                         connections and checks (default: online CPUs,\n"
+"                         at most 8; never more than the concurrency)\n"
 "  --no-stream            non-streaming requests (\"stream\": false)\n"
 "  --repeats R            runs per mode, interleaved; medians reported (3)\n"
 "  --warmup N             requests before the first run, not counted\n"
@@ -109,8 +123,9 @@ msv_usage(FILE *f)
 "  --csv FILE             append a line per run (header first if FILE is\n"
 "                         empty): label, mode, repeat, start and end of\n"
 "                         the run (CLOCK_MONOTONIC ns), counts, bytes,\n"
-"                         client CPU, per --cpu label CPU seconds, VmRSS\n"
-"                         at the end and VmHWM (kB)\n"
+"                         client CPU (all threads), choices per request,\n"
+"                         per --cpu label CPU seconds, VmRSS at the end\n"
+"                         and VmHWM (kB)\n"
 "  --label STR            the first column of those lines (\"-\")\n");
 }
 
@@ -281,6 +296,8 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
         { "print-errors", required_argument, 0, 'e' },
         { "cpu",          required_argument, 0, 'C' },
         { "group",        required_argument, 0, 'G' },
+        { "n",            required_argument, 0, 'K' },
+        { "threads",      required_argument, 0, 'j' },
         { "csv",          required_argument, 0, 'F' },
         { "label",        required_argument, 0, 'L' },
         { "help",         no_argument,       0, 'h' },
@@ -293,6 +310,8 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
     o->requests = 512;
     o->max_tokens = 16;
     o->group = 1;
+    o->n = 1;
+    o->threads = -1;
     o->label = "-";
     o->ignore_eos = 1;
     o->top_k = -1;
@@ -360,6 +379,18 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
         case 'G':
             if (msv_opt_long("--group", optarg, 1, 1000000, &o->group)
                 != 0)
+            {
+                return -1;
+            }
+            break;
+        case 'K':
+            if (msv_opt_long("--n", optarg, 1, 1024, &o->n) != 0) {
+                return -1;
+            }
+            break;
+        case 'j':
+            if (msv_opt_long("--threads", optarg, 1, MSV_LOAD_MAX_THREADS,
+                             &o->threads) != 0)
             {
                 return -1;
             }
@@ -478,6 +509,13 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
     if (o->warmup < 0) {
         o->warmup = o->conc;
     }
+    if (o->threads < 0) {
+        v = sysconf(_SC_NPROCESSORS_ONLN);
+        o->threads = v < 1 ? 1 : v > 8 ? 8 : v;
+    }
+    if (o->threads > o->conc) {
+        o->threads = o->conc;
+    }
     return msv_opt_modes(o, modes);
 }
 
@@ -498,7 +536,8 @@ msv_csv_open(const msv_load_opts_t *o)
     }
     if (ftell(f) == 0) {
         fprintf(f, "label,mode,repeat,t0_ns,t1_ns,requests,ok,failed,"
-                "mismatches,tokens,mask_ids,bytes,wall_s,client_cpu_s");
+                "mismatches,tokens,mask_ids,bytes,wall_s,client_cpu_s,"
+                "choices");
         for (i = 0; i < o->n_watch; i++) {
             fprintf(f, ",%s_cpu_s,%s_rss_kb,%s_hwm_kb", o->watch[i].label,
                     o->watch[i].label, o->watch[i].label);
@@ -523,10 +562,11 @@ msv_csv_run(const msv_load_opts_t *o, const msv_run_t *run, long rep)
         return -1;
     }
     fprintf(f, "%s,%s,%ld,%lld,%lld,%ld,%ld,%ld,%ld,%lld,%lld,%lld,%.6f,"
-            "%.6f", o->label, msv_mode_names[run->mode], rep + 1,
+            "%.6f,%ld", o->label, msv_mode_names[run->mode], rep + 1,
             (long long) (run->t0 * 1e9), (long long) (run->t_last * 1e9),
             run->issued, run->ok, run->failed, run->mismatches, run->tokens,
-            run->mask_ids, run->bytes, run->t_last - run->t0, run->cpu);
+            run->mask_ids, run->bytes, run->t_last - run->t0, run->cpu,
+            o->n);
     for (i = 0; i < o->n_watch; i++) {
         fprintf(f, ",%.6f,%lld,%lld", run->wcpu[i], run->rss_kb[i],
                 run->hwm_kb[i]);
@@ -545,8 +585,8 @@ msv_csv_run(const msv_load_opts_t *o, const msv_run_t *run, long rep)
 int
 main(int argc, char **argv)
 {
-    msv_load_t        L;
-    msv_load_opts_t  *o = &L.o;
+    msv_client_t      C;
+    msv_load_opts_t  *o = &C.o;
     msv_run_t        *runs, warm;
     struct addrinfo   hints;
     double            v[MSV_LOAD_MAX_REPEATS];
@@ -554,7 +594,7 @@ main(int argc, char **argv)
     long              i, r;
     int               m, mode, rc;
 
-    memset(&L, 0, sizeof(L));
+    memset(&C, 0, sizeof(C));
     if (msv_parse_opts(argc, argv, o) != 0) {
         return 2;
     }
@@ -567,44 +607,38 @@ main(int argc, char **argv)
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    rc = getaddrinfo(o->host, o->port, &hints, &L.ai);
+    rc = getaddrinfo(o->host, o->port, &hints, &C.ai);
     if (rc != 0) {
         fprintf(stderr, "e2e_load: %s:%s: %s\n", o->host, o->port,
                 gai_strerror(rc));
         return 1;
     }
 
-    L.ep = epoll_create1(EPOLL_CLOEXEC);
-    if (L.ep < 0) {
-        perror("e2e_load: epoll_create1");
+    if (msv_client_init(&C) != 0) {
         return 1;
     }
-
-    L.conns = calloc((size_t) o->conc, sizeof(msv_conn_t));
-    L.rbuf = malloc(MSV_LOAD_READ_BUF);
     runs = calloc((size_t) (o->repeats * o->n_modes), sizeof(msv_run_t));
-    if (L.conns == NULL || L.rbuf == NULL || runs == NULL) {
+    if (runs == NULL) {
         fprintf(stderr, "e2e_load: out of memory\n");
         return 1;
-    }
-    for (i = 0; i < o->conc; i++) {
-        L.conns[i].fd = -1;
     }
 
     printf("e2e_load: %s:%s, %ld streams%s, %s%ld requests per run, "
            "max_tokens %ld, ignore_eos %d, prompt %ld tokens, top_k %ld, "
-           "top_p %g, temperature %g, %ld repeats\n",
+           "top_p %g, temperature %g, n %ld, %ld repeats, %ld client "
+           "threads\n",
            o->host, o->port, o->conc, o->stream ? "" : " (non-streaming)",
            o->requests ? "" : "duration mode: ",
            o->requests ? o->requests : 0, o->max_tokens, o->ignore_eos,
-           o->prompt_len, o->top_k, o->top_p, o->temperature, o->repeats);
+           o->prompt_len, o->top_k, o->top_p, o->temperature, o->n,
+           o->repeats, C.n_loops);
     if (o->requests == 0) {
         printf("e2e_load: %.1f s per run\n", o->duration);
     }
 
     /* warm-up: opens the connections; its tokens seed the cross-checks */
     if (o->warmup > 0) {
-        if (msv_run(&L, &warm, o->modes[0], o->warmup) != 0) {
+        if (msv_run(&C, &warm, o->modes[0], o->warmup) != 0) {
             return 1;
         }
         printf("warm-up (mask %s): %ld ok, %ld failed\n",
@@ -618,7 +652,7 @@ main(int argc, char **argv)
             mode = o->modes[(m + r) % o->n_modes];
             msv_run_t  *run = &runs[r * o->n_modes + (m + r) % o->n_modes];
 
-            if (msv_run(&L, run, mode, o->requests) != 0) {
+            if (msv_run(&C, run, mode, o->requests) != 0) {
                 return 1;
             }
             msv_run_summary(o, run);
@@ -714,26 +748,14 @@ main(int argc, char **argv)
     }
 
     printf("\nvalidation: %lld failed responses, %lld token_ids mismatches "
-           "across modes and repeats\n", L.total_failed, L.total_mismatches);
+           "across modes and repeats\n", C.total_failed, C.total_mismatches);
 
-    for (i = 0; i < o->conc; i++) {
-        msv_conn_close(&L, &L.conns[i]);
-        free(L.conns[i].req.p);
-        free(L.conns[i].hdr.p);
-        free(L.conns[i].errbody.p);
-        msv_resp_free(&L.conns[i].r);
-    }
     for (i = 0; i < o->repeats * o->n_modes; i++) {
         msv_run_free(&runs[i]);
     }
     free(runs);
-    free(L.conns);
-    free(L.rbuf);
-    free(L.hashes);
-    free(L.mhashes[0]);
-    free(L.mhashes[1]);
-    freeaddrinfo(L.ai);
-    close(L.ep);
+    msv_client_free(&C);
+    freeaddrinfo(C.ai);
 
-    return L.total_failed || L.total_mismatches ? 1 : 0;
+    return C.total_failed || C.total_mismatches ? 1 : 0;
 }

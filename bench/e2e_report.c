@@ -6,8 +6,9 @@
  *   e2e_report CSV_OUT RUNS.csv STEPS.txt [RUNS.csv STEPS.txt ...] > table.md
  *
  * Each run's steps are those that started between its first request and
- * its last completion.  Its steady window: the steps where every request
- * of the wave decodes and none prefills; steady tokens/s = tokens
+ * its last completion.  Its steady window: the steps where every sequence
+ * of the wave (requests x choices, sampling_params.n) decodes and none
+ * prefills; steady tokens/s = tokens
  * sampled in the window / (end of its last step - start of its first).
  * Stage costs are medians over the window (the whole run when there is
  * none): forward, sampling with capture, rows into the ring, the
@@ -58,6 +59,7 @@ typedef struct {
     double  top_p;
     double  t0, t1;
     long    requests, ok, failed, mismatches;
+    long    choices;                /* per request (sampling_params.n) */
     double  tokens, bytes, wall, ccpu;
     double  wcpu, wrss, whwm, ncpu, nrss, nhwm;
 
@@ -200,7 +202,7 @@ msv_row_steps(msv_row_t *r, size_t s0, size_t s1)
     for (k = 0; k < S_N + 2; k++) {
         v[k] = malloc(cap * sizeof(double));
     }
-    wave = r->requests;
+    wave = r->requests * r->choices;     /* sequences */
     memset(r->tot, 0, sizeof(r->tot));
     r->tot_step = 0;
 
@@ -331,6 +333,8 @@ msv_read_runs(const char *path, size_t s0, size_t s1)
         r->ok = atol(C("ok"));
         r->failed = atol(C("failed"));
         r->mismatches = atol(C("mismatches"));
+        /* absent (a client before the column): one choice each */
+        r->choices = atol(C("choices")) > 1 ? atol(C("choices")) : 1;
         r->tokens = atof(C("tokens"));
         r->bytes = atof(C("bytes"));
         r->wall = atof(C("wall_s"));

@@ -20,7 +20,8 @@
 #   PART=2 bench/gpu_e2e.sh     streaming top_k 20 and 1000; batch 64 and 1
 #                               at top_k 1000; staggered rollouts (max_tokens
 #                               64..1024) at top_k 128 and 8192; groups (64
-#                               prompts x 4); about 6 minutes
+#                               requests x sampling_params.n 4); about 6
+#                               minutes
 #   bench/gpu_e2e.sh            both parts, one after the other
 #   PART=merge OUT=DIR bench/gpu_e2e.sh PART1_OUT PART2_OUT
 #                               one table, CSV and charts from two parts
@@ -47,8 +48,15 @@
 #   MAX_TOKENS=24 STAGGER=8:40 PROMPT=16 K_BIG=4000 K_TP=1024 \
 #   OUT=/tmp/e2e bench/gpu_e2e.sh
 #
+# The client checks every response in CLIENT_THREADS threads (8), each
+# with its own connections (bench/e2e_load --threads), so that parsing and
+# checking wide masks does not bound the rows.
+#
 # Environment: B (build dir), BACKEND (cuda), DUMMY (qwen3-8b), BATCH
-# (256), BATCH_MID (64), GRPO_PROMPTS (64; x GRPO_N 4), MAX_TOKENS (512),
+# (256), BATCH_MID (64), GRPO_PROMPTS (64; x GRPO_N 4), GRPO_BY (n: one
+# request per prompt with sampling_params.n GRPO_N, e2e_load --n; group:
+# GRPO_N requests per prompt, e2e_load --group), CLIENT_THREADS (8),
+# MAX_TOKENS (512),
 # VOCAB (prompt ids below it, 150000),
 # PROMPT (128), STAGGER (64:1024), K_SMALL (20), K_MID (1000), K_BIG
 # (8192), K_TP (1024, with top_p TOP_P 0.95), K_ST (128), NGINX_WORKERS
@@ -69,6 +77,8 @@ BATCH=${BATCH:-256}
 BATCH_MID=${BATCH_MID:-64}
 GRPO_PROMPTS=${GRPO_PROMPTS:-64}
 GRPO_N=${GRPO_N:-4}
+GRPO_BY=${GRPO_BY:-n}
+CLIENT_THREADS=${CLIENT_THREADS:-8}
 MAX_TOKENS=${MAX_TOKENS:-512}
 PROMPT=${PROMPT:-128}
 STAGGER=${STAGGER:-64:1024}
@@ -102,6 +112,11 @@ die() {
 stamp() {
     echo "== $(date -u +%T) +$((SECONDS))s $*"
 }
+
+case "$GRPO_BY" in
+n|group) ;;
+*) die "GRPO_BY=$GRPO_BY: n or group" ;;
+esac
 
 # python for the charts: the GPU machine's venv, else the system's
 if [ -z "${PY:-}" ]; then
@@ -192,12 +207,14 @@ Date: $(date -u '+%F %H:%M UTC').  Machine: ${gpu:-no GPU}, $(nproc) CPU
 cores.  Worker: \`--dummy $DUMMY --backend $BACKEND --max-num-seqs $BATCH
 --max-num-batched-tokens $MAX_BATCHED --sample-threads $SAMPLE_THREADS\`;
 nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') with $NGINX_WORKERS worker
-processes and the module; redis-server; bench/e2e_load on the same
-machine.
+processes and the module; redis-server; bench/e2e_load
+(\`--threads $CLIENT_THREADS\`) on the same machine.
 
 Load: one wave per row and mask mode (batch $BATCH unless the row says
 otherwise), prompts of $PROMPT tokens, $MAX_TOKENS new tokens, ignore_eos,
-temperature 1, a seed per request; the modes of a row one after the
+temperature 1, a seed per request (groups: $GRPO_PROMPTS prompts x $GRPO_N,
+$([ "$GRPO_BY" = n ] && echo "one request each with sampling_params.n $GRPO_N" || echo "$GRPO_N requests each"));
+the modes of a row one after the
 other, mask off first.  Every response was validated by the client
 (framing, JSON, token counts, one mask row and logprob entry per token,
 sampled token in its row, |row| <= top_k, support logprobs summing to 1,
@@ -309,6 +326,7 @@ row() {
     shift 3
     stamp "row $label ($modes): start"
     "$B/bench/e2e_load" --port "$PORT" --warmup 0 --repeats 1 \
+        --threads "$CLIENT_THREADS" \
         --prompt-len "$PROMPT" --vocab "$VOCAB" --timeout "$TIMEOUT" \
         --modes "$modes" --csv "$pd/runs.csv" --label "$label" \
         --cpu worker="$wpid" --cpu nginx="$ngx" "$@" \
@@ -370,9 +388,16 @@ part2() {
         row "$pd" "stagger:$BATCH:${STAGGER/:/-}:$k:1:0" $st --no-stream \
             -c "$BATCH" -n "$BATCH" --max-tokens "$STAGGER" --top-k "$k"
     done
+    # a group: GRPO_N completions of one prompt, as one request of
+    # sampling_params.n (every choice checked) or as GRPO_N requests
+    if [ "$GRPO_BY" = n ]; then
+        grpo=(-c "$GRPO_PROMPTS" -n "$GRPO_PROMPTS" --n "$GRPO_N")
+    else
+        grpo=(-c $((GRPO_PROMPTS * GRPO_N)) -n $((GRPO_PROMPTS * GRPO_N))
+              --group "$GRPO_N")
+    fi
     row "$pd" "grpo:${GRPO_PROMPTS}x$GRPO_N:$MAX_TOKENS:$K_MID:1:0" $st --no-stream \
-        -c $((GRPO_PROMPTS * GRPO_N)) -n $((GRPO_PROMPTS * GRPO_N)) --group "$GRPO_N" \
-        --max-tokens "$MAX_TOKENS" --top-k "$K_MID"
+        "${grpo[@]}" --max-tokens "$MAX_TOKENS" --top-k "$K_MID"
     kill -QUIT "$(cat "$run/nginx.pid")"
     sleep 0.5
     stop_worker

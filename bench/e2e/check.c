@@ -6,7 +6,9 @@
  * rows, the packed mask) with the pending key of each map; values of
  * keys it does not know are skipped whatever their shape.  Numbers are
  * converted by hand (msv_parse_num) and a support row's logsumexp is
- * kept running, so a row is never stored twice.
+ * kept running, so a row is never stored twice.  Each choice is checked
+ * when its object ends and only its summary kept (msv_choice_t), so a
+ * document of n choices holds the rows of one choice at a time.
  */
 
 #include <math.h>
@@ -25,15 +27,20 @@ const char  *msv_mode_names[MSV_N_MODES] = {
     "off", "selected", "support", "selected-packed", "support-packed"
 };
 
-void
-msv_doc_reset(msv_doc_t *d)
+/* the choices sampling_params.n asked */
+static long
+msv_n_of(const msv_expect_t *e)
 {
-    d->depth = 0;
-    d->skip_depth = 0;
-    d->top_done = 0;
-    d->is_error = 0;
-    d->error[0] = '\0';
-    d->n_choices = 0;
+    return e->n > 1 ? e->n : 1;
+}
+
+
+/* Empty the fields of one choice, for the next. */
+
+static void
+msv_doc_choice_reset(msv_doc_t *d)
+{
+    d->index = -1;
     d->has_tokens = 0;
     d->tokens.n = 0;
     d->has_mask = 0;
@@ -53,9 +60,30 @@ msv_doc_reset(msv_doc_t *d)
     d->lpc_ntop.n = 0;
     d->finish = 0;
     d->finish_str[0] = '\0';
+}
+
+
+void
+msv_doc_reset(msv_doc_t *d, const msv_expect_t *e)
+{
+    size_t  n = (size_t) msv_n_of(e);
+
+    d->e = e;
+    d->depth = 0;
+    d->skip_depth = 0;
+    d->top_done = 0;
+    d->is_error = 0;
+    d->error[0] = '\0';
+    d->n_choices = 0;
+    if (n > d->ch_seen.cap) {
+        d->ch_seen.p = msv_grow(d->ch_seen.p, &d->ch_seen.cap, n, 1);
+    }
+    memset(d->ch_seen.p, 0, n);
+    d->ch_seen.n = n;
     d->prompt_tokens = -1;
     d->completion_tokens = -1;
     d->bad[0] = '\0';
+    msv_doc_choice_reset(d);
 }
 
 
@@ -177,6 +205,7 @@ msv_parse_num(const char *s, size_t n, double *out)
 
 static int msv_doc_b64(msv_doc_t *d, msv_bytes_t *b, const char *s,
     size_t n);
+static int msv_doc_choice_end(msv_doc_t *d);
 static int msv_doc_packed(msv_doc_t *d);
 static int msv_doc_packed_lps(msv_doc_t *d, int mode);
 
@@ -236,6 +265,12 @@ msv_doc_pop(msv_doc_t *d)
 
     case MSV_F_TOP:
         d->top_done = 1;
+        break;
+
+    case MSV_F_CHOICE:
+        if (msv_doc_choice_end(d) == 0) {
+            return 0;
+        }
         break;
 
     case MSV_F_TOPENTRY:
@@ -311,7 +346,7 @@ msv_doc_b64(msv_doc_t *d, msv_bytes_t *b, const char *s, size_t n)
 /*
  * The packed mask, decoded, into the fields the JSON parser fills (rows
  * and their ids; the logprobs once the mode is known, msv_doc_packed_lps),
- * so that msv_doc_check runs the same checks on both.
+ * so that msv_choice_check runs the same checks on both.
  */
 
 static int
@@ -570,9 +605,18 @@ msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
         switch (f->key) {
 
         case MSV_K_INDEX:
-            if (type != 'n' || msv_parse_int(s, n, &v) != 0 || v != 0) {
-                return msv_doc_fail(d, "choices[0].index is not 0");
+            if (msv_n_of(d->e) == 1) {
+                if (type != 'n' || msv_parse_int(s, n, &v) != 0 || v != 0) {
+                    return msv_doc_fail(d, "choices[0].index is not 0");
+                }
+            } else if (type != 'n' || msv_parse_int(s, n, &v) != 0 || v < 0
+                       || v >= msv_n_of(d->e))
+            {
+                return msv_doc_fail(d, "choices[%ld].index is not in 0..%ld "
+                                    "(n %ld)", d->n_choices - 1,
+                                    msv_n_of(d->e) - 1, msv_n_of(d->e));
             }
+            d->index = v;
             return 1;
 
         case MSV_K_FINISH:
@@ -810,7 +854,12 @@ msv_cb_start_map(void *ctx)
         return msv_doc_push(d, MSV_F_SKIP);
 
     case MSV_F_CHOICES:
-        d->n_choices++;
+        if (++d->n_choices > msv_n_of(d->e)) {
+            return msv_doc_fail(d, "more than %ld choice%s, n %ld",
+                                msv_n_of(d->e), msv_n_of(d->e) > 1 ? "s" : "",
+                                msv_n_of(d->e));
+        }
+        msv_doc_choice_reset(d);
         return msv_doc_push(d, MSV_F_CHOICE);
 
     case MSV_F_CHOICE:
@@ -1158,26 +1207,17 @@ msv_doc_check_logprobs(msv_doc_t *d, const msv_expect_t *e)
 }
 
 
-/* Checks of one document against the request, once it is parsed.
+/* Checks of one choice against the request, once it is parsed.
  * Returns 0 or -1 with d->bad set. */
 
-int
-msv_doc_check(msv_doc_t *d, const msv_expect_t *e)
+static int
+msv_choice_check(msv_doc_t *d, const msv_expect_t *e)
 {
     size_t  i;
 
-    if (d->is_error) {
-        snprintf(d->bad, sizeof(d->bad), "error event: %.200s",
-                 d->error[0] ? d->error : "(no message)");
-        return -1;
-    }
-    if (d->n_choices != 1) {
-        snprintf(d->bad, sizeof(d->bad), "%ld choices, expected 1",
-                 d->n_choices);
-        return -1;
-    }
     if (d->finish == 0) {
-        snprintf(d->bad, sizeof(d->bad), "no finish_reason in choices[0]");
+        snprintf(d->bad, sizeof(d->bad), "no finish_reason in choices[%ld]",
+                 d->n_choices - 1);
         return -1;
     }
     if (e->whole) {
@@ -1217,6 +1257,116 @@ msv_doc_check(msv_doc_t *d, const msv_expect_t *e)
 }
 
 
+/*
+ * A choice ends: its index once in the document, its checks, and its
+ * summary kept (counts, hashes, finish_reason) before the next choice
+ * reuses the fields.  Returns 1, or 0 (stops the parser) with d->bad set.
+ */
+
+static int
+msv_doc_choice_end(msv_doc_t *d)
+{
+    msv_choice_t  *c;
+    size_t         i, r, end;
+    long           idx = d->index;
+    char           why[MSV_CHECK_ERR_MAX];
+
+    if (idx < 0) {
+        if (msv_n_of(d->e) > 1) {
+            return msv_doc_fail(d, "choices[%ld] has no index (n %ld)",
+                                d->n_choices - 1, msv_n_of(d->e));
+        }
+        idx = 0;                    /* one choice: the index may be left out */
+    }
+    if (d->ch_seen.p[idx]) {
+        return msv_doc_fail(d, "choice index %ld twice", idx);
+    }
+    d->ch_seen.p[idx] = 1;
+
+    if (msv_choice_check(d, d->e) != 0) {
+        if (msv_n_of(d->e) > 1) {
+            snprintf(why, sizeof(why), "%s", d->bad);
+            snprintf(d->bad, sizeof(d->bad), "choice %ld: %.200s", idx, why);
+        }
+        return 0;
+    }
+
+    if ((size_t) d->n_choices > d->ch_cap) {
+        d->ch = msv_grow(d->ch, &d->ch_cap, (size_t) d->n_choices,
+                         sizeof(msv_choice_t));
+    }
+    c = &d->ch[d->n_choices - 1];
+    c->index = idx;
+    c->n_tokens = (long) d->tokens.n;
+    c->n_rows = (long) d->row_off.n;
+    c->n_mask_ids = (long long) d->row_ids.n;
+    c->finish = d->finish;
+    memcpy(c->finish_str, d->finish_str, sizeof(c->finish_str));
+
+    c->hash = 0;
+    c->hpow = 1;
+    for (i = 0; i < d->tokens.n; i++) {
+        c->hash = c->hash * MSV_HASH_P + (uint32_t) d->tokens.v[i] + 1;
+        c->hpow *= MSV_HASH_P;
+    }
+    /* row by row, length then ids: the same whatever the events */
+    c->mhash = 0;
+    c->mpow = 1;
+    for (r = 0; r < d->row_off.n; r++) {
+        end = r + 1 < d->row_off.n ? (size_t) d->row_off.v[r + 1]
+                                   : d->row_ids.n;
+        c->mhash = c->mhash * MSV_HASH_P
+                   + (uint32_t) (end - (size_t) d->row_off.v[r]) + 1;
+        c->mpow *= MSV_HASH_P;
+        for (i = (size_t) d->row_off.v[r]; i < end; i++) {
+            c->mhash = c->mhash * MSV_HASH_P + (uint32_t) d->row_ids.v[i] + 1;
+            c->mpow *= MSV_HASH_P;
+        }
+    }
+    return 1;
+}
+
+
+/* Checks of the whole document once parsed (each choice was checked as it
+ * ended).  Returns 0 or -1 with d->bad set. */
+
+int
+msv_doc_check(msv_doc_t *d)
+{
+    const msv_expect_t  *e = d->e;
+    long                 n = msv_n_of(e), k;
+
+    if (d->is_error) {
+        snprintf(d->bad, sizeof(d->bad), "error event: %.200s",
+                 d->error[0] ? d->error : "(no message)");
+        return -1;
+    }
+    if (n == 1 && d->n_choices != 1) {
+        snprintf(d->bad, sizeof(d->bad), "%ld choices, expected 1",
+                 d->n_choices);
+        return -1;
+    }
+    if (e->whole && d->n_choices != n) {
+        snprintf(d->bad, sizeof(d->bad), "%ld choices, expected %ld (n)",
+                 d->n_choices, n);
+        return -1;
+    }
+    if (d->n_choices < 1) {
+        snprintf(d->bad, sizeof(d->bad), "an event without choices");
+        return -1;
+    }
+    /* each index once (checked as they came), and in order when whole */
+    for (k = 0; e->whole && k < d->n_choices; k++) {
+        if (d->ch[k].index != k) {
+            snprintf(d->bad, sizeof(d->bad), "choices[%ld].index is %ld",
+                     k, d->ch[k].index);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+
 void
 msv_doc_free(msv_doc_t *d)
 {
@@ -1232,4 +1382,6 @@ msv_doc_free(msv_doc_t *d)
     free(d->pk[0].p);
     free(d->pk[1].p);
     free(d->pk[2].p);
+    free(d->ch);
+    free(d->ch_seen.p);
 }

@@ -1,8 +1,8 @@
 /*
  * check.h: the response checker of the e2e load client.  One JSON
  * document (an SSE event or a whole non-streaming body) is parsed by
- * yajl with msv_doc_callbacks straight into an msv_doc_t, then checked
- * against what was asked with msv_doc_check: one choice, token ids, one
+ * yajl with msv_doc_callbacks straight into an msv_doc_t and checked
+ * against what was asked: each choice as it ends (its index, token ids, one
  * mask row and one logprob entry per token, rows ascending and unique,
  * the sampled token in its row, ids inside the vocabulary, |row| <=
  * top_k, greedy rows of one id with logprob 0, selected logprobs <= 0,
@@ -10,7 +10,10 @@
  * token, the sampled token's, its top_logprobs best first and at most
  * as many as asked, its logprob that of the support row; packed masks
  * (mask_format "packed") are base64-decoded and go through the same
- * checks.  What spans events (counts, [DONE], usage) is the caller's.
+ * checks), then the document with msv_doc_check: as many choices as
+ * sampling_params.n asked (a stream event: one to n), each index once.
+ * Of each choice only a summary stays (msv_choice_t: counts and hashes);
+ * what spans events (counts per choice, [DONE], usage) is the caller's.
  * The load client (bench/e2e/load.c) checks every event with it, the
  * end-to-end tests (t/lib/MsvTest.pm) every choice, through
  * bench/e2e_check.c.
@@ -98,7 +101,50 @@ typedef struct {
     uint32_t          seen;         /* keys seen in a map */
 } msv_frame_t;
 
+/* what a document is checked against: what the request asked */
 typedef struct {
+    long          top_k;            /* <= 0: no limit */
+    double        temperature;      /* 0: greedy */
+    int           variant;          /* MSV_MODE_* */
+    long          vocab;            /* ids below it; 0: not checked */
+    long          max_tokens;       /* -1: not checked */
+    long          logprobs;         /* sampling_params.logprobs; -1: none */
+    int           whole;            /* whole choices (a body, not an
+                                       event): all n, each with token_ids
+                                       and a finish_reason stop, length or
+                                       abort */
+    long          n;                /* sampling_params.n; < 1: 1 */
+} msv_expect_t;
+
+
+/* A choice of a document once checked: what spans the events.  The
+ * hashes are polynomial (h = h * P + x + 1 over the values, P^count kept
+ * beside), so that those of consecutive parts of a choice combine into
+ * that of the whole: h(ab) = h(a) * pow(b) + h(b). */
+typedef struct {
+    long          index;
+    long          n_tokens;
+    long          n_rows;
+    long long     n_mask_ids;
+    uint64_t      hash, hpow;       /* of the token ids */
+    uint64_t      mhash, mpow;      /* of the rows, length then ids */
+    int           finish;           /* 0 absent, 1 null, 2 string */
+    char          finish_str[16];
+} msv_choice_t;
+
+#define MSV_HASH_P  0x100000001b3ULL
+
+/* h of a part followed by h, p of the next: h(ab) */
+static inline uint64_t
+msv_hash_cat(uint64_t h, uint64_t next_h, uint64_t next_pow)
+{
+    return h * next_pow + next_h;
+}
+
+
+typedef struct {
+    const msv_expect_t  *e;         /* what it is checked against */
+
     /* parser state */
     msv_frame_t   stack[MSV_CHECK_MAX_DEPTH];
     int           depth;            /* frames in use */
@@ -109,6 +155,14 @@ typedef struct {
     int           is_error;
     char          error[MSV_CHECK_ERR_MAX];
     long          n_choices;
+    msv_choice_t *ch;               /* the choices checked, in order */
+    size_t        ch_cap;
+    msv_bytes_t   ch_seen;          /* per index: seen in this document */
+    long          prompt_tokens;    /* usage; -1: absent */
+    long          completion_tokens;
+
+    /* the choice being parsed (reset at each) */
+    long          index;            /* -1: absent */
     int           has_tokens;
     msv_i32s_t    tokens;
     int           has_mask;
@@ -138,38 +192,27 @@ typedef struct {
     double        top_lp;           /* the top entry being parsed */
     int           finish;           /* 0 absent, 1 null, 2 string */
     char          finish_str[16];
-    long          prompt_tokens;    /* -1: absent */
-    long          completion_tokens;
 
     /* the first problem found */
     char          bad[MSV_CHECK_ERR_MAX];
 } msv_doc_t;
 
 
-/* what a document is checked against: what the request asked */
-typedef struct {
-    long          top_k;            /* <= 0: no limit */
-    double        temperature;      /* 0: greedy */
-    int           variant;          /* MSV_MODE_* */
-    long          vocab;            /* ids below it; 0: not checked */
-    long          max_tokens;       /* -1: not checked */
-    long          logprobs;         /* sampling_params.logprobs; -1: none */
-    int           whole;            /* a whole choice: token_ids and a
-                                       finish_reason stop, length or abort */
-} msv_expect_t;
 
 
 /* yajl callbacks filling the msv_doc_t passed as their context */
 extern yajl_callbacks  msv_doc_callbacks;
 
-/* Empty the document for the next one (keeps its arrays' memory). */
-void msv_doc_reset(msv_doc_t *d);
+/* Empty the document for the next one, to be checked against e (which
+ * must stay until the document is checked); keeps its arrays' memory. */
+void msv_doc_reset(msv_doc_t *d, const msv_expect_t *e);
 
 /* Free the document's arrays. */
 void msv_doc_free(msv_doc_t *d);
 
-/* Check a parsed document against the request.  0, or -1 with d->bad set. */
-int msv_doc_check(msv_doc_t *d, const msv_expect_t *e);
+/* Once parsed (each choice was checked as it ended): the checks of the
+ * whole document, its error and choices.  0, or -1 with d->bad set. */
+int msv_doc_check(msv_doc_t *d);
 
 
 #endif /* MSV_E2E_CHECK_H */

@@ -1,13 +1,17 @@
 /*
  * load.c: the load driver of the e2e load client and its statistics
  * (see load.h): requests built and issued, each response checked as it
- * arrives (its documents by check.c) and as a whole when it ends, runs
- * over their steady window, percentiles and medians.
+ * arrives (its documents by check.c) and as a whole when it ends, by the
+ * loop (thread) that owns its connection, into that loop's part of the
+ * run; the parts merged and the comparisons over runs made once the
+ * loops are done; runs over their steady window, percentiles and
+ * medians.
  */
 
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -175,11 +179,14 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
 {
     const msv_load_opts_t  *o = &L->o;
     msv_bytes_t             body = { NULL, 0, 0 };
-    char                    num[64], head[512];
+    char                    num[64], head[512], nfield[32] = "";
     uint64_t                r;
     long                    i;
     int                     n;
 
+    if (o->n > 1) {
+        snprintf(nfield, sizeof(nfield), ",\"n\":%ld", o->n);
+    }
     msv_bytes_add(&body, "{\"token_ids\":[", 14);
     /* a group of requests shares the prompt; each has its own seed */
     r = msv_mix(o->seed ^ ((uint64_t) (c->idx / o->group)
@@ -194,13 +201,13 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
     n = snprintf(head, sizeof(head),
                  "],\"sampling_params\":{\"max_tokens\":%ld,"
                  "\"temperature\":%.17g,\"top_k\":%ld,\"top_p\":%.17g,"
-                 "\"ignore_eos\":%s,\"seed\":%llu},\"stream\":%s,"
+                 "\"ignore_eos\":%s,\"seed\":%llu%s},\"stream\":%s,"
                  "\"return_sampling_mask\":%s%s%s%s}",
                  msv_req_max_tokens(o, c->idx), o->temperature, o->top_k,
                  o->top_p,
                  o->ignore_eos ? "true" : "false",
                  (unsigned long long) ((o->seed + (uint64_t) c->idx)
-                                       & 0x7fffffffffffffffULL),
+                                       & 0x7fffffffffffffffULL), nfield,
                  o->stream ? "true" : "false",
                  mode == MSV_MODE_OFF ? "false" : "true",
                  mode == MSV_MODE_OFF ? ""
@@ -250,8 +257,9 @@ msv_conn_reset(msv_conn_t *c)
 
 
 /* What the request asks, for the checks of its response: each event
- * alone (the counts over the stream are checked at its end); the client
- * asks no logprobs and does not know the vocabulary. */
+ * alone (the counts over the stream are checked at its end), a body as
+ * n whole choices; the client asks no logprobs and does not know the
+ * vocabulary. */
 
 static void
 msv_conn_expect(msv_load_t *L, msv_conn_t *c, int mode)
@@ -264,7 +272,8 @@ msv_conn_expect(msv_load_t *L, msv_conn_t *c, int mode)
     r->e.vocab = 0;
     r->e.max_tokens = -1;
     r->e.logprobs = -1;
-    r->e.whole = 0;
+    r->e.whole = !L->o.stream;
+    r->e.n = L->o.n;
     r->stream = L->o.stream;
     r->prompt_len = L->o.prompt_len;
     r->max_tokens = msv_req_max_tokens(&L->o, c->idx);
@@ -274,26 +283,36 @@ msv_conn_expect(msv_load_t *L, msv_conn_t *c, int mode)
 }
 
 
-/* Is there another request to issue in this run? */
+/* The next request of this run, if there is one: its index, from the
+ * counter the loops share (request i is the same in every run, whichever
+ * loop sends it).  1, or 0 when the run issues no more. */
 
 static int
-msv_run_more(msv_load_t *L)
+msv_take(msv_load_t *L, long *idx)
 {
-    msv_run_t  *run = L->run;
+    msv_share_t  *sh = L->sh;
+    int           more;
 
-    if (L->o.requests > 0) {
-        return run->issued < L->o.requests;
+    if (sh->requests == 0 && msv_now() >= sh->deadline) {
+        return 0;
     }
-    return msv_now() < run->deadline;
+    pthread_mutex_lock(&sh->lock);
+    more = sh->requests == 0 || sh->next < sh->requests;
+    if (more) {
+        *idx = sh->next++;
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return more;
 }
 
 
 static int
-msv_conn_start(msv_load_t *L, msv_conn_t *c)
+msv_conn_start(msv_load_t *L, msv_conn_t *c, long idx)
 {
-    msv_run_t  *run = L->run;
+    msv_run_t  *run = &L->run;
 
-    c->idx = run->issued++;
+    c->idx = idx;
+    run->issued++;
     msv_build_request(L, c, run->mode);
     msv_conn_expect(L, c, run->mode);
     msv_conn_reset(c);
@@ -305,6 +324,20 @@ msv_conn_start(msv_load_t *L, msv_conn_t *c)
     }
     c->state = MSV_C_WRITING;
     return msv_conn_watch(L, c, EPOLLOUT, EPOLL_CTL_MOD);
+}
+
+
+/* May this failure be printed?  The first print_errors of a run's loops. */
+
+static int
+msv_may_print(msv_share_t *sh, long limit)
+{
+    int  yes;
+
+    pthread_mutex_lock(&sh->lock);
+    yes = sh->printed++ < limit;
+    pthread_mutex_unlock(&sh->lock);
+    return yes;
 }
 
 
@@ -327,9 +360,10 @@ msv_fail(msv_load_t *L, msv_conn_t *c, const char *fmt, ...)
 void
 msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
 {
-    msv_run_t  *run = L->run;
-    double      now = msv_now();
-    size_t      need;
+    msv_run_t   *run = &L->run;
+    msv_seen_t  *sn;
+    double       now = msv_now();
+    long         idx;
 
     run->done++;
     run->t_last = now;
@@ -359,65 +393,22 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
         msv_f64s_push(&run->ttfe, c->r.t_first - c->t_start);
         msv_f64s_push(&run->lat, now - c->t_start);
 
-        /* the same request gives the same tokens in every mode and run */
-        need = (size_t) c->idx + 1;
-        if (need > L->hashes_cap) {
-            size_t  old = L->hashes_cap;
-
-            L->hashes = msv_grow(L->hashes, &L->hashes_cap, need,
-                                 sizeof(uint64_t));
-            memset(L->hashes + old, 0,
-                   (L->hashes_cap - old) * sizeof(uint64_t));
+        /* compared with the other runs once this one is over */
+        if (L->n_seen == L->seen_cap) {
+            L->seen = msv_grow(L->seen, &L->seen_cap, L->n_seen + 1,
+                               sizeof(msv_seen_t));
         }
-        c->r.hash |= 1;               /* never 0 */
-        c->r.mhash |= 1;
-
-        /* the same mask in JSON and packed form */
-        if (msv_mask_of(run->mode) != MSV_MODE_OFF) {
-            int        k = msv_mask_of(run->mode) - MSV_MODE_SELECTED;
-            uint64_t  *mh;
-
-            if (need > L->mhashes_cap[k]) {
-                size_t  old = L->mhashes_cap[k];
-
-                L->mhashes[k] = msv_grow(L->mhashes[k], &L->mhashes_cap[k],
-                                         need, sizeof(uint64_t));
-                memset(L->mhashes[k] + old, 0,
-                       (L->mhashes_cap[k] - old) * sizeof(uint64_t));
-            }
-            mh = &L->mhashes[k][c->idx];
-            if (*mh == 0) {
-                *mh = c->r.mhash;
-            } else if (*mh != c->r.mhash) {
-                run->mismatches++;
-                L->total_mismatches++;
-                if (L->errors_printed++ < L->o.print_errors) {
-                    fprintf(stderr, "e2e_load: request %ld (mask %s): mask "
-                            "rows differ from an earlier run of the same "
-                            "request\n", c->idx, msv_mode_names[run->mode]);
-                }
-            }
-        }
-
-        if (L->hashes[c->idx] == 0) {
-            L->hashes[c->idx] = c->r.hash;
-        } else if (L->hashes[c->idx] != c->r.hash) {
-            run->mismatches++;
-            L->total_mismatches++;
-            if (L->errors_printed++ < L->o.print_errors) {
-                fprintf(stderr, "e2e_load: request %ld (mask %s): token_ids "
-                        "differ from an earlier run of the same request\n",
-                        c->idx, msv_mode_names[run->mode]);
-            }
-        }
+        sn = &L->seen[L->n_seen++];
+        sn->idx = c->idx;
+        sn->hash = c->r.hash | 1;     /* never 0 */
+        sn->mhash = c->r.mhash | 1;
 
     } else {
         if (c->r.bad[0] == '\0') {
             msv_fail(L, c, "connection failed");
         }
         run->failed++;
-        L->total_failed++;
-        if (L->errors_printed++ < L->o.print_errors) {
+        if (msv_may_print(L->sh, L->o.print_errors)) {
             fprintf(stderr, "e2e_load: request %ld (mask %s): %s\n", c->idx,
                     msv_mode_names[run->mode], c->r.bad);
         }
@@ -433,12 +424,11 @@ msv_conn_finish(msv_load_t *L, msv_conn_t *c, int broken)
         }
     }
 
-    if (msv_run_more(L)) {
-        if (msv_conn_start(L, c) != 0) {
+    if (msv_take(L, &idx)) {
+        if (msv_conn_start(L, c, idx) != 0) {
             /* could not even start: count it and let the loop go on */
             run->done++;
             run->failed++;
-            L->total_failed++;
             msv_conn_close(L, c);
         }
     }
@@ -515,35 +505,28 @@ msv_pct(msv_f64s_t *a, double p)
 }
 
 
-int
-msv_run(msv_load_t *L, msv_run_t *run, int mode, long requests)
+/* One loop's part of a run: its connections until the run issues no
+ * more requests and those in flight ended.  L->rc: 0 or -1. */
+
+static void *
+msv_loop_run(void *arg)
 {
-    struct epoll_event  evs[256];
-    msv_conn_t         *c;
-    long                i, saved = L->o.requests;
-    double              now, cpu0;
-    int                 n, k;
+    msv_load_t          *L = arg;
+    msv_run_t           *run = &L->run;
+    struct epoll_event   evs[256];
+    msv_conn_t          *c;
+    long                 i, idx;
+    double               now;
+    int                  n, k;
 
-    memset(run, 0, sizeof(*run));
-    run->mode = mode;
-    L->run = run;
-    L->o.requests = requests;
-
-    for (i = 0; i < L->o.n_watch; i++) {
-        run->wcpu[i] = msv_watch_cpu(&L->o.watch[i]);
-    }
-    cpu0 = msv_cpu_seconds();
-    run->t0 = msv_now();
-    run->deadline = run->t0 + L->o.duration;
-    run->t_last = run->t0;
-
-    for (i = 0; i < L->o.conc && msv_run_more(L); i++) {
+    L->rc = 0;
+    for (i = 0; i < L->n_conns && msv_take(L, &idx); i++) {
         c = &L->conns[i];
-        if (msv_conn_start(L, c) != 0) {
+        if (msv_conn_start(L, c, idx) != 0) {
             fprintf(stderr, "e2e_load: cannot start a request on "
-                    "connection %ld\n", i);
-            L->o.requests = saved;
-            return -1;
+                    "connection %ld\n", (long) (c - L->conns));
+            L->rc = -1;
+            return NULL;
         }
     }
 
@@ -554,8 +537,8 @@ msv_run(msv_load_t *L, msv_run_t *run, int mode, long requests)
                 continue;
             }
             perror("e2e_load: epoll_wait");
-            L->o.requests = saved;
-            return -1;
+            L->rc = -1;
+            return NULL;
         }
 
         for (k = 0; k < n; k++) {
@@ -574,7 +557,7 @@ msv_run(msv_load_t *L, msv_run_t *run, int mode, long requests)
 
         /* requests past their time */
         now = msv_now();
-        for (i = 0; i < L->o.conc; i++) {
+        for (i = 0; i < L->n_conns; i++) {
             c = &L->conns[i];
             if ((c->state == MSV_C_CONNECTING || c->state == MSV_C_WRITING
                  || c->state == MSV_C_READING)
@@ -586,14 +569,239 @@ msv_run(msv_load_t *L, msv_run_t *run, int mode, long requests)
             }
         }
     }
+    return NULL;
+}
+
+
+static void
+msv_f64s_cat(msv_f64s_t *a, const msv_f64s_t *b)
+{
+    if (b->n == 0) {
+        return;
+    }
+    if (a->n + b->n > a->cap) {
+        a->v = msv_grow(a->v, &a->cap, a->n + b->n, sizeof(double));
+    }
+    memcpy(a->v + a->n, b->v, b->n * sizeof(double));
+    a->n += b->n;
+}
+
+
+/* the slot of request idx in a table of hashes, grown (zeroed) to hold it */
+
+static uint64_t *
+msv_hash_slot(uint64_t **t, size_t *cap, long idx)
+{
+    size_t  need = (size_t) idx + 1, old = *cap;
+
+    if (need > *cap) {
+        *t = msv_grow(*t, cap, need, sizeof(uint64_t));
+        memset(*t + old, 0, (*cap - old) * sizeof(uint64_t));
+    }
+    return &(*t)[idx];
+}
+
+
+/* A loop's part into the run, and its valid responses compared with
+ * those of earlier runs: the same request gives the same tokens in every
+ * mode and run, and the same mask in JSON and packed form. */
+
+static void
+msv_run_merge(msv_client_t *C, msv_run_t *run, msv_load_t *L)
+{
+    msv_run_t   *p = &L->run;
+    msv_seen_t  *sn;
+    uint64_t    *h;
+    size_t       i;
+    int          k = msv_mask_of(run->mode) - MSV_MODE_SELECTED;
+
+    run->issued += p->issued;
+    run->done += p->done;
+    run->ok += p->ok;
+    run->failed += p->failed;
+    run->tokens += p->tokens;
+    run->mask_ids += p->mask_ids;
+    run->bytes += p->bytes;
+    run->events += p->events;
+    run->t_last = p->t_last > run->t_last ? p->t_last : run->t_last;
+    run->t_issue = p->t_issue > run->t_issue ? p->t_issue : run->t_issue;
+    msv_f64s_cat(&run->done_t, &p->done_t);
+    /* parallel arrays, kept aligned */
+    msv_f64s_cat(&run->ok_t, &p->ok_t);
+    msv_f64s_cat(&run->start_t, &p->start_t);
+    msv_f64s_cat(&run->ttfe, &p->ttfe);
+    msv_f64s_cat(&run->lat, &p->lat);
+
+    for (i = 0; i < L->n_seen; i++) {
+        sn = &L->seen[i];
+        if (msv_mask_of(run->mode) != MSV_MODE_OFF) {
+            h = msv_hash_slot(&C->mhashes[k], &C->mhashes_cap[k], sn->idx);
+            if (*h == 0) {
+                *h = sn->mhash;
+            } else if (*h != sn->mhash) {
+                run->mismatches++;
+                if (msv_may_print(&C->sh, C->o.print_errors)) {
+                    fprintf(stderr, "e2e_load: request %ld (mask %s): mask "
+                            "rows differ from an earlier run of the same "
+                            "request\n", sn->idx, msv_mode_names[run->mode]);
+                }
+            }
+        }
+        h = msv_hash_slot(&C->hashes, &C->hashes_cap, sn->idx);
+        if (*h == 0) {
+            *h = sn->hash;
+        } else if (*h != sn->hash) {
+            run->mismatches++;
+            if (msv_may_print(&C->sh, C->o.print_errors)) {
+                fprintf(stderr, "e2e_load: request %ld (mask %s): token_ids "
+                        "differ from an earlier run of the same request\n",
+                        sn->idx, msv_mode_names[run->mode]);
+            }
+        }
+    }
+}
+
+
+int
+msv_run(msv_client_t *C, msv_run_t *run, int mode, long requests)
+{
+    pthread_t   tid[MSV_LOAD_MAX_THREADS];
+    msv_load_t *L;
+    long        i, t;
+    double      cpu0;
+    int         rc = 0, err;
+
+    memset(run, 0, sizeof(*run));
+    run->mode = mode;
+
+    for (i = 0; i < C->o.n_watch; i++) {
+        run->wcpu[i] = msv_watch_cpu(&C->o.watch[i]);
+    }
+    cpu0 = msv_cpu_seconds();
+    run->t0 = msv_now();
+    run->deadline = run->t0 + C->o.duration;
+    run->t_last = run->t0;
+
+    C->sh.next = 0;
+    C->sh.requests = requests;
+    C->sh.deadline = run->deadline;
+
+    for (t = 0; t < C->n_loops; t++) {
+        L = &C->loops[t];
+        msv_run_free(&L->run);
+        L->run.mode = mode;
+        L->run.t0 = run->t0;
+        L->run.t_last = run->t0;
+        L->n_seen = 0;
+        L->o.requests = requests;
+    }
+
+    /* one loop runs here; several, a thread each (what they share is
+     * C->sh, under its lock; each writes only its own loop) */
+    if (C->n_loops == 1) {
+        msv_loop_run(&C->loops[0]);
+    } else {
+        for (t = 0; t < C->n_loops; t++) {
+            err = pthread_create(&tid[t], NULL, msv_loop_run, &C->loops[t]);
+            if (err != 0) {
+                fprintf(stderr, "e2e_load: pthread_create: %s\n",
+                        strerror(err));
+                exit(1);
+            }
+        }
+        for (t = 0; t < C->n_loops; t++) {
+            pthread_join(tid[t], NULL);
+        }
+    }
 
     run->cpu = msv_cpu_seconds() - cpu0;
-    for (i = 0; i < L->o.n_watch; i++) {
-        run->wcpu[i] = msv_watch_cpu(&L->o.watch[i]) - run->wcpu[i];
-        msv_watch_mem(&L->o.watch[i], &run->rss_kb[i], &run->hwm_kb[i]);
+    for (i = 0; i < C->o.n_watch; i++) {
+        run->wcpu[i] = msv_watch_cpu(&C->o.watch[i]) - run->wcpu[i];
+        msv_watch_mem(&C->o.watch[i], &run->rss_kb[i], &run->hwm_kb[i]);
     }
-    L->o.requests = saved;
+
+    for (t = 0; t < C->n_loops; t++) {
+        L = &C->loops[t];
+        rc |= L->rc;
+        msv_run_merge(C, run, L);
+    }
+    /* completions in time order: the steady window starts at the conc-th */
+    qsort(run->done_t.v, run->done_t.n, sizeof(double), msv_cmp_f64);
+    C->total_failed += run->failed;
+    C->total_mismatches += run->mismatches;
+    return rc;
+}
+
+
+int
+msv_client_init(msv_client_t *C)
+{
+    msv_load_t  *L;
+    long         t, per, extra, start = 0, i;
+
+    C->n_loops = C->o.threads < C->o.conc ? C->o.threads : C->o.conc;
+    C->conns = calloc((size_t) C->o.conc, sizeof(msv_conn_t));
+    C->loops = calloc((size_t) C->n_loops, sizeof(msv_load_t));
+    if (C->conns == NULL || C->loops == NULL) {
+        fprintf(stderr, "e2e_load: out of memory\n");
+        return -1;
+    }
+    for (i = 0; i < C->o.conc; i++) {
+        C->conns[i].fd = -1;
+    }
+    if ((errno = pthread_mutex_init(&C->sh.lock, NULL)) != 0) {
+        perror("e2e_load: pthread_mutex_init");
+        return -1;
+    }
+
+    /* the connections shared out as evenly as they go */
+    per = C->o.conc / C->n_loops;
+    extra = C->o.conc % C->n_loops;
+    for (t = 0; t < C->n_loops; t++) {
+        L = &C->loops[t];
+        L->o = C->o;
+        L->ai = C->ai;
+        L->sh = &C->sh;
+        L->conns = C->conns + start;
+        L->n_conns = per + (t < extra);
+        start += L->n_conns;
+        L->ep = epoll_create1(EPOLL_CLOEXEC);
+        L->rbuf = malloc(MSV_LOAD_READ_BUF);
+        if (L->ep < 0 || L->rbuf == NULL) {
+            perror("e2e_load: epoll_create1 or malloc");
+            return -1;
+        }
+    }
     return 0;
+}
+
+
+void
+msv_client_free(msv_client_t *C)
+{
+    msv_load_t  *L;
+    long         t, i;
+
+    for (t = 0; t < C->n_loops; t++) {
+        L = &C->loops[t];
+        for (i = 0; i < L->n_conns; i++) {
+            msv_conn_close(L, &L->conns[i]);
+            free(L->conns[i].req.p);
+            free(L->conns[i].hdr.p);
+            free(L->conns[i].errbody.p);
+            msv_resp_free(&L->conns[i].r);
+        }
+        msv_run_free(&L->run);
+        free(L->seen);
+        free(L->rbuf);
+        close(L->ep);
+    }
+    free(C->loops);
+    free(C->conns);
+    free(C->hashes);
+    free(C->mhashes[0]);
+    free(C->mhashes[1]);
+    pthread_mutex_destroy(&C->sh.lock);
 }
 
 

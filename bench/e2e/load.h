@@ -1,16 +1,20 @@
 /*
  * load.h: the load driver of the e2e load client: its options, runs (a
  * mode at a load) and their statistics.  The driver keeps `conc`
- * requests in flight over the connections of http.c, accounts for each
- * response when it ends (resp.c checks it), compares the tokens and
- * masks of a request over the modes and repeats; the summary of a run
- * is taken over its steady window.
+ * requests in flight over the connections of http.c, shared out among
+ * `threads` loops (a thread each, its own epoll set and connections),
+ * which take the next request index from one counter, account for each
+ * response when it ends (resp.c checks it) in their own part of the run;
+ * the parts are merged when the run ends, and the tokens and masks of a
+ * request compared over the modes and repeats; the summary of a run is
+ * taken over its steady window.
  */
 
 #ifndef MSV_E2E_LOAD_H
 #define MSV_E2E_LOAD_H
 
 #include <netdb.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -20,6 +24,7 @@
 
 
 #define MSV_LOAD_MAX_CONC     4096
+#define MSV_LOAD_MAX_THREADS  64
 #define MSV_LOAD_MAX_REPEATS  64
 #define MSV_LOAD_MAX_WATCH    4
 #define MSV_LOAD_WATCH_PIDS   32
@@ -43,6 +48,8 @@ typedef struct {
                                        max_tokens + (hi - max_tokens) *
                                        i / (requests - 1) */
     long         group;             /* requests that share one prompt */
+    long         n;                 /* sampling_params.n: choices each */
+    long         threads;           /* loops, a thread each */
     const char  *csv;               /* a line per run appended here */
     const char  *label;             /* its first column */
     long         top_k;
@@ -71,7 +78,7 @@ typedef struct {
     long         ok;
     long         failed;
     long         mismatches;        /* token_ids differ from another run */
-    long long    tokens;            /* of the valid responses */
+    long long    tokens;            /* of the valid responses, all choices */
     long long    mask_ids;
     long long    bytes;
     long         events;
@@ -79,7 +86,7 @@ typedef struct {
     double       t_last;            /* the last completion */
     double       t_issue;           /* the last request issued */
     double       deadline;          /* duration mode */
-    double       cpu;               /* client CPU seconds */
+    double       cpu;               /* client CPU seconds, all threads */
     double       wcpu[MSV_LOAD_MAX_WATCH];  /* watched processes' */
     long long    rss_kb[MSV_LOAD_MAX_WATCH];  /* their VmRSS at the end */
     long long    hwm_kb[MSV_LOAD_MAX_WATCH];  /* and VmHWM (peaks) */
@@ -104,21 +111,52 @@ typedef struct {
 } msv_run_t;
 
 
+/* a valid response of a run: for the comparisons over the runs */
+typedef struct {
+    long         idx;               /* the request */
+    uint64_t     hash;              /* its token ids (never 0) */
+    uint64_t     mhash;             /* its mask rows (never 0) */
+} msv_seen_t;
+
+/* what the loops of a run share */
+typedef struct {
+    pthread_mutex_t   lock;         /* guards next and printed */
+    long              next;         /* the next request index */
+    long              printed;      /* failures printed so far */
+    long              requests;     /* of this run; 0: until deadline */
+    double            deadline;
+} msv_share_t;
+
+/* one loop: a thread, its connections and its part of the run */
 struct msv_load_s {
-    msv_load_opts_t   o;
+    msv_load_opts_t   o;            /* a copy of the client's */
     int               ep;
     struct addrinfo  *ai;
-    msv_conn_t       *conns;
-    msv_run_t        *run;
+    msv_conn_t       *conns;        /* its share of the client's */
+    long              n_conns;
+    msv_run_t         run;          /* its part of the current run */
+    msv_seen_t       *seen;         /* its valid responses in the run */
+    size_t            n_seen, seen_cap;
+    msv_share_t      *sh;
     char             *rbuf;
-    long              errors_printed;
+    int               rc;           /* of the loop: 0 or -1 */
+};
+
+/* the client: its loops, and what the runs compare */
+typedef struct {
+    msv_load_opts_t   o;
+    struct addrinfo  *ai;
+    msv_conn_t       *conns;        /* all of them */
+    msv_load_t       *loops;
+    long              n_loops;
+    msv_share_t       sh;
     uint64_t         *hashes;       /* per request index; 0: not yet */
     size_t            hashes_cap;
     uint64_t         *mhashes[2];   /* mask ids, selected and support */
     size_t            mhashes_cap[2];
     long long         total_failed;
     long long         total_mismatches;
-};
+} msv_client_t;
 
 
 /* Monotonic seconds. */
@@ -134,8 +172,14 @@ void msv_watch_mem(const msv_watch_t *w, long long *rss, long long *hwm);
 /* max_tokens of request idx of a run. */
 long msv_req_max_tokens(const msv_load_opts_t *o, long idx);
 
-/* One run of `requests` (0: for o.duration) in mode `mode`; 0 or -1. */
-int msv_run(msv_load_t *L, msv_run_t *run, int mode, long requests);
+/* The client's loops over its connections (o.threads, at most one per
+ * connection); 0 or -1. */
+int msv_client_init(msv_client_t *C);
+void msv_client_free(msv_client_t *C);
+
+/* One run of `requests` (0: for o.duration) in mode `mode`, its loops in
+ * threads of their own (one loop: this thread); 0 or -1. */
+int msv_run(msv_client_t *C, msv_run_t *run, int mode, long requests);
 void msv_run_free(msv_run_t *run);
 
 /* The numbers of a run over its steady window, and their line. */

@@ -18,6 +18,8 @@
 void
 msv_resp_reset(msv_resp_t *r)
 {
+    size_t  n = (size_t) msv_resp_n(r);
+
     r->t_first = 0;
     msv_sse_reset(&r->sse);
     msv_resp_stop(r);
@@ -25,13 +27,16 @@ msv_resp_reset(msv_resp_t *r)
     r->n_tokens = 0;
     r->n_rows = 0;
     r->n_mask_ids = 0;
-    r->final_seen = 0;
+    r->n_final = 0;
     r->done_seen = 0;
-    r->finish[0] = '\0';
     r->completion_tokens = -1;
     r->prompt_tokens = -1;
-    r->hash = 0xcbf29ce484222325ULL;
-    r->mhash = 0xcbf29ce484222325ULL;
+    if (n > r->ch_cap) {
+        r->ch = msv_grow(r->ch, &r->ch_cap, n, sizeof(msv_resp_choice_t));
+    }
+    memset(r->ch, 0, n * sizeof(msv_resp_choice_t));
+    r->hash = 0;
+    r->mhash = 0;
     r->bad[0] = '\0';
 }
 
@@ -52,6 +57,9 @@ msv_resp_free(msv_resp_t *r)
     msv_resp_stop(r);
     msv_doc_free(&r->doc);
     free(r->sse.data.p);
+    free(r->ch);
+    r->ch = NULL;
+    r->ch_cap = 0;
     memset(&r->doc, 0, sizeof(r->doc));
     memset(&r->sse.data, 0, sizeof(r->sse.data));
 }
@@ -71,44 +79,49 @@ msv_resp_fail(msv_resp_t *r, const char *fmt, ...)
 }
 
 
-/* One complete JSON document (an event, or the whole body). */
+/* One complete JSON document (an event, or the whole body): its choices
+ * added to theirs so far. */
 
 static int
 msv_resp_doc(msv_resp_t *r, msv_doc_t *d)
 {
-    size_t  i, j, end;
+    msv_choice_t       *c;
+    msv_resp_choice_t  *rc;
+    long                n = msv_resp_n(r), k;
 
-    if (msv_doc_check(d, &r->e) != 0) {
+    if (msv_doc_check(d) != 0) {
         return msv_resp_fail(r, "%s%s", r->stream ? "event: " : "", d->bad);
     }
 
-    if (r->final_seen) {
+    if (r->n_final == n) {
         return msv_resp_fail(r, "an event after the one with the "
                              "finish_reason");
     }
 
     r->n_events++;
-    r->n_tokens += (long) d->tokens.n;
-    r->n_rows += (long) d->row_off.n;
-    r->n_mask_ids += (long long) d->row_ids.n;
-    for (i = 0; i < d->tokens.n; i++) {
-        r->hash = (r->hash ^ (uint32_t) d->tokens.v[i]) * 0x100000001b3ULL;
-    }
-    /* row by row, length then ids: the same whatever the events */
-    for (i = 0; i < d->row_off.n; i++) {
-        end = i + 1 < d->row_off.n ? (size_t) d->row_off.v[i + 1]
-                                   : d->row_ids.n;
-        r->mhash = (r->mhash ^ (uint32_t) (end - (size_t) d->row_off.v[i]))
-                   * 0x100000001b3ULL;
-        for (j = (size_t) d->row_off.v[i]; j < end; j++) {
-            r->mhash = (r->mhash ^ (uint32_t) d->row_ids.v[j])
-                       * 0x100000001b3ULL;
+    for (k = 0; k < d->n_choices; k++) {
+        c = &d->ch[k];
+        rc = &r->ch[c->index];
+        if (rc->final_seen) {
+            return msv_resp_fail(r, "choice %ld in an event after the one "
+                                 "with its finish_reason", c->index);
+        }
+        rc->n_tokens += c->n_tokens;
+        rc->n_rows += c->n_rows;
+        rc->hash = msv_hash_cat(rc->hash, c->hash, c->hpow);
+        rc->mhash = msv_hash_cat(rc->mhash, c->mhash, c->mpow);
+        r->n_tokens += c->n_tokens;
+        r->n_rows += c->n_rows;
+        r->n_mask_ids += c->n_mask_ids;
+        if (c->finish == 2) {
+            rc->final_seen = 1;
+            snprintf(rc->finish, sizeof(rc->finish), "%s", c->finish_str);
+            r->n_final++;
         }
     }
 
-    if (d->finish == 2) {
-        r->final_seen = 1;
-        snprintf(r->finish, sizeof(r->finish), "%s", d->finish_str);
+    /* usage comes with the end of the last choice, and only then */
+    if (r->n_final == n) {
         if (d->completion_tokens < 0 || d->prompt_tokens < 0) {
             return msv_resp_fail(r, "the last event has no usage");
         }
@@ -128,7 +141,7 @@ msv_resp_json(msv_resp_t *r, const char *p, size_t n, int end)
     unsigned char  *msg;
 
     if (r->yh == NULL) {
-        msv_doc_reset(&r->doc);
+        msv_doc_reset(&r->doc, &r->e);
         r->yh = yajl_alloc(&msv_doc_callbacks, NULL, &r->doc);
         if (r->yh == NULL) {
             fprintf(stderr, "e2e: yajl_alloc failed\n");
@@ -194,21 +207,61 @@ msv_resp_end(msv_resp_t *r)
 }
 
 
+/* The checks of one choice over the whole response; 0 or -1. */
+
+static int
+msv_resp_check_choice(msv_resp_t *r, long i, const char *pre)
+{
+    msv_resp_choice_t  *c = &r->ch[i];
+    int                 aborted;
+
+    aborted = r->abort_ok && strcmp(c->finish, "abort") == 0;
+
+    if (r->ignore_eos && !aborted && c->n_tokens != r->max_tokens) {
+        return msv_resp_fail(r, "%s%ld tokens with ignore_eos, max_tokens "
+                             "%ld", pre, c->n_tokens, r->max_tokens);
+    }
+    if (strcmp(c->finish, "length") != 0 && strcmp(c->finish, "stop") != 0
+        && !aborted)
+    {
+        return msv_resp_fail(r, "%sfinish_reason \"%s\"", pre, c->finish);
+    }
+    if (r->ignore_eos && !aborted && strcmp(c->finish, "length") != 0) {
+        return msv_resp_fail(r, "%sfinish_reason \"%s\" with ignore_eos, "
+                             "expected \"length\"", pre, c->finish);
+    }
+    if (r->max_tokens >= 0 && c->n_tokens > r->max_tokens) {
+        return msv_resp_fail(r, "%s%ld tokens, max_tokens %ld", pre,
+                             c->n_tokens, r->max_tokens);
+    }
+    if (r->e.variant != MSV_MODE_OFF && c->n_rows != c->n_tokens) {
+        return msv_resp_fail(r, "%s%ld mask rows for %ld tokens", pre,
+                             c->n_rows, c->n_tokens);
+    }
+    return 0;
+}
+
+
 int
 msv_resp_check(msv_resp_t *r)
 {
-    int  aborted;
+    long  n = msv_resp_n(r), i;
+    char  pre[32] = "";
 
     if (r->bad[0] != '\0') {
         return -1;
     }
-    aborted = r->abort_ok && strcmp(r->finish, "abort") == 0;
 
     if (r->stream && !r->done_seen) {
         return msv_resp_fail(r, "the stream did not end with data: [DONE]");
     }
-    if (!r->final_seen) {
-        return msv_resp_fail(r, "no event carried a finish_reason");
+    for (i = 0; i < n; i++) {
+        if (!r->ch[i].final_seen) {
+            return n == 1
+                   ? msv_resp_fail(r, "no event carried a finish_reason")
+                   : msv_resp_fail(r, "choice %ld: no event carried its "
+                                   "finish_reason", i);
+        }
     }
     if (r->completion_tokens != r->n_tokens) {
         return msv_resp_fail(r, "usage.completion_tokens %ld, tokens "
@@ -219,26 +272,19 @@ msv_resp_check(msv_resp_t *r)
         return msv_resp_fail(r, "usage.prompt_tokens %ld, prompt of %ld",
                              r->prompt_tokens, r->prompt_len);
     }
-    if (r->ignore_eos && !aborted && r->n_tokens != r->max_tokens) {
-        return msv_resp_fail(r, "%ld tokens with ignore_eos, max_tokens "
-                             "%ld", r->n_tokens, r->max_tokens);
-    }
-    if (strcmp(r->finish, "length") != 0 && strcmp(r->finish, "stop") != 0
-        && !aborted)
-    {
-        return msv_resp_fail(r, "finish_reason \"%s\"", r->finish);
-    }
-    if (r->ignore_eos && !aborted && strcmp(r->finish, "length") != 0) {
-        return msv_resp_fail(r, "finish_reason \"%s\" with ignore_eos, "
-                             "expected \"length\"", r->finish);
-    }
-    if (r->max_tokens >= 0 && r->n_tokens > r->max_tokens) {
-        return msv_resp_fail(r, "%ld tokens, max_tokens %ld", r->n_tokens,
-                             r->max_tokens);
-    }
-    if (r->e.variant != MSV_MODE_OFF && r->n_rows != r->n_tokens) {
-        return msv_resp_fail(r, "%ld mask rows for %ld tokens", r->n_rows,
-                             r->n_tokens);
+
+    /* the hashes of the request: its choices' in index order */
+    r->hash = 0;
+    r->mhash = 0;
+    for (i = 0; i < n; i++) {
+        if (n > 1) {
+            snprintf(pre, sizeof(pre), "choice %ld: ", i);
+        }
+        if (msv_resp_check_choice(r, i, pre) != 0) {
+            return -1;
+        }
+        r->hash = r->hash * MSV_HASH_P + r->ch[i].hash;
+        r->mhash = r->mhash * MSV_HASH_P + r->ch[i].mhash;
     }
     return 0;
 }

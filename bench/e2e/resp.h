@@ -3,10 +3,12 @@
  * arrives and as a whole.  Its decoded body, one JSON document or an SSE
  * stream that sse.c splits into events of one document each, goes
  * through check.c document by document; what spans the events is checked
- * here: nothing after the event with the finish_reason, usage in that
- * event only, the stream's data: [DONE], and at the end the counts
- * against the request (usage, max_tokens, ignore_eos, a mask row per
- * token).  The load client (load.c) and bench/e2e_check.c use it.
+ * here, per choice (sampling_params.n of them, by index): nothing of a
+ * choice after the event with its finish_reason, usage in the event that
+ * ends the last one and only there, the stream's data: [DONE], and at the
+ * end the counts against the request (usage over every choice; per
+ * choice max_tokens, ignore_eos, a mask row per token).  The load client
+ * (load.c) and bench/e2e_check.c use it.
  */
 
 #ifndef MSV_E2E_RESP_H
@@ -22,9 +24,19 @@
 #include "sse.h"
 
 
+/* one choice over the events */
+typedef struct {
+    long           n_tokens;
+    long           n_rows;
+    uint64_t       hash;            /* check.c's polynomial hashes of its */
+    uint64_t       mhash;           /* tokens and rows, events joined */
+    int            final_seen;
+    char           finish[16];
+} msv_resp_choice_t;
+
 struct msv_resp_s {
     /* what was asked: set before the first byte, kept by msv_resp_reset */
-    msv_expect_t   e;               /* for each document (whole: 0) */
+    msv_expect_t   e;               /* for each document; e.n choices */
     int            stream;
     long           prompt_len;      /* -1: not checked */
     long           max_tokens;      /* -1: not checked */
@@ -39,23 +51,33 @@ struct msv_resp_s {
     yajl_handle    yh;
     msv_doc_t      doc;
 
-    /* accumulated over the events */
+    /* accumulated over the events, all choices */
     long           n_events;
     long           n_tokens;
     long           n_rows;
     long long      n_mask_ids;
-    int            final_seen;
+    long           n_final;         /* choices that ended */
     int            done_seen;
-    char           finish[16];
     long           completion_tokens;
     long           prompt_tokens;
-    uint64_t       hash;            /* FNV-1a of the token ids */
-    uint64_t       mhash;           /* of the rows' lengths and ids */
+    msv_resp_choice_t  *ch;         /* per choice index: e.n of them */
+    size_t         ch_cap;
+
+    /* set by msv_resp_check: of the choices in index order */
+    uint64_t       hash;            /* their token ids */
+    uint64_t       mhash;           /* their rows' lengths and ids */
 
     /* the first problem found */
     char           bad[MSV_CHECK_ERR_MAX];
 };
 
+
+/* The number of choices asked. */
+static inline long
+msv_resp_n(const msv_resp_t *r)
+{
+    return r->e.n > 1 ? r->e.n : 1;
+}
 
 /* Ready for the next response (keeps what was asked, and the memory). */
 void msv_resp_reset(msv_resp_t *r);

@@ -66,7 +66,7 @@ msv_sse_event(msv_resp_t *r)
     {
         r->done_seen = 1;
         r->sse.data.n = 0;
-        if (!r->final_seen) {
+        if (r->n_final < msv_resp_n(r)) {
             msv_resp_fail(r, "data: [DONE] before an event with a "
                           "finish_reason");
             return -1;

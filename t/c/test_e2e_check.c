@@ -5,7 +5,10 @@
  * packed, or of broken logprobs, tokens or finish_reason in a whole
  * choice, is caught with a message saying what is wrong; and whole
  * responses (bench/e2e/resp.c, sse.c), streams fed a byte or a few at a
- * time, with what spans their events checked.  t/50-client.t runs the load
+ * time, with what spans their events checked; and responses of several
+ * choices (sampling_params.n), whole and streamed, with a missing or a
+ * duplicate index or a bad row in one choice caught, and their hashes the
+ * same however the events split them.  t/50-client.t runs the load
  * client itself against a live stack.
  */
 
@@ -33,7 +36,7 @@ check_expect(const char *json, const msv_expect_t *e, char *why,
     yajl_status   st;
 
     memset(&d, 0, sizeof(d));
-    msv_doc_reset(&d);
+    msv_doc_reset(&d, e);
     h = yajl_alloc(&msv_doc_callbacks, NULL, &d);
     st = yajl_parse(h, (const unsigned char *) json, strlen(json));
     if (st == yajl_status_ok) {
@@ -45,7 +48,7 @@ check_expect(const char *json, const msv_expect_t *e, char *why,
         snprintf(why, whylen, "%s", d.bad[0] ? d.bad : "(yajl error)");
         rc = -1;
     } else {
-        rc = msv_doc_check(&d, e);
+        rc = msv_doc_check(&d);
         snprintf(why, whylen, "%s", d.bad);
     }
 
@@ -60,7 +63,7 @@ static int
 check(const char *json, long top_k, double temperature, int variant,
     char *why, size_t whylen)
 {
-    msv_expect_t  e = { top_k, temperature, variant, 0, -1, -1, 0 };
+    msv_expect_t  e = { top_k, temperature, variant, 0, -1, -1, 0, 1 };
 
     return check_expect(json, &e, why, whylen);
 }
@@ -124,12 +127,12 @@ choice(const char *tokens, const char *mask, const char *mlps,
 }
 
 
-/* A whole response through resp.c, fed `step` bytes at a time (0: all at
- * once); returns its verdict. */
+/* A whole response of n choices through resp.c, fed `step` bytes at a
+ * time (0: all at once); returns its verdict, and its hash in *hash. */
 
 static int
-check_resp(const char *body, int stream, size_t step, char *why,
-    size_t whylen)
+check_resp_n(const char *body, int stream, long n_choices, size_t step,
+    uint64_t *hash, char *why, size_t whylen)
 {
     msv_resp_t  r;
     size_t      n = strlen(body), off, k;
@@ -143,6 +146,7 @@ check_resp(const char *body, int stream, size_t step, char *why,
     r.e.max_tokens = 2;
     r.e.logprobs = -1;
     r.e.whole = !stream;
+    r.e.n = n_choices;
     r.stream = stream;
     r.prompt_len = 3;
     r.max_tokens = 2;
@@ -158,8 +162,19 @@ check_resp(const char *body, int stream, size_t step, char *why,
     }
     snprintf(why, whylen, "%s", r.bad);
     rc = r.bad[0] ? -1 : 0;
+    if (hash != NULL) {
+        *hash = r.hash;
+    }
     msv_resp_free(&r);
     return rc;
+}
+
+
+static int
+check_resp(const char *body, int stream, size_t step, char *why,
+    size_t whylen)
+{
+    return check_resp_n(body, stream, 1, step, NULL, why, whylen);
 }
 
 
@@ -305,84 +320,84 @@ main(void)
         } wc[] = {
             { "a whole support choice with logprobs",
               choice("[9,5]", rows, sup3, lp_ok, "\"stop\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1 }, NULL },
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1, 1 }, NULL },
             { "a whole choice without the mask, aborted",
               choice("[9,5]", "", "", "", "\"abort\""),
-              { 10, 1.0, MSV_MODE_OFF, 16, 4, -1, 1 }, NULL },
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, -1, 1, 1 }, NULL },
             { "a token outside the vocabulary",
               choice("[9,5]", rows, sup3, "", "\"stop\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 8, 4, -1, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 8, 4, -1, 1, 1 },
               "token 9 outside the vocabulary of 8" },
             { "a mask id outside the vocabulary",
               choice("[9,5]", rows, sup3, "", "\"stop\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 10, 4, -1, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 10, 4, -1, 1, 1 },
               "id 12 outside the vocabulary" },
             { "more tokens than max_tokens",
               choice("[9,5]", rows, sup3, "", "\"length\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 16, 1, -1, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 1, -1, 1, 1 },
               "more tokens (2) than max_tokens 1" },
             { "a whole choice with a null finish_reason",
               choice("[9,5]", rows, sup3, "", "null"),
-              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, -1, 1, 1 },
               "finish_reason null" },
             { "an unknown finish_reason",
               choice("[9,5]", rows, sup3, "", "\"eos\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, -1, 1, 1 },
               "finish_reason \"eos\"" },
             { "a whole choice without token_ids",
               choice("", "", "", "", "\"stop\""),
-              { 10, 1.0, MSV_MODE_OFF, 16, 4, -1, 1 }, "no token_ids" },
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, -1, 1, 1 }, "no token_ids" },
             { "logprobs not asked for",
               choice("[9,5]", rows, sup3, lp_ok, "\"stop\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, -1, 1, 1 },
               "logprobs sent although not asked for" },
             { "logprobs null, not asked for",
               choice("[9,5]", "", "", "null", "\"stop\""),
-              { 10, 1.0, MSV_MODE_OFF, 16, 4, -1, 1 },
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, -1, 1, 1 },
               "logprobs sent although not asked for" },
             { "logprobs asked for, not sent",
               choice("[9,5]", rows, sup3, "", "\"stop\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1, 1 },
               "no logprobs.content" },
             { "fewer logprobs entries than tokens",
               choice("[9,5]", rows, sup3, lp_one, "\"stop\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1, 1 },
               "1 entries for 2 tokens" },
             { "a logprobs entry of another token",
               choice("[9,5]", "", "", lp_other, "\"stop\""),
-              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1 },
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1, 1 },
               "token_id 3, sampled 9" },
             { "more top_logprobs than asked",
               choice("[9,5]", rows, sup3, lp_ok, "\"stop\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 1, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 1, 1, 1 },
               "2 top_logprobs, 1 asked" },
             { "top_logprobs not best first",
               choice("[9,5]", "", "", lp_unsorted, "\"stop\""),
-              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1 }, "not best first" },
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1, 1 }, "not best first" },
             { "a sampled logprob above the best",
               choice("[9,5]", "", "", lp_above, "\"stop\""),
-              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1 }, "above the best" },
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1, 1 }, "above the best" },
             { "logprobs.content differing from the support",
               choice("[9,5]", rows, sup3, lp_differs, "\"stop\""),
-              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1 },
+              { 10, 1.0, MSV_MODE_SUPPORT, 16, 4, 2, 1, 1 },
               "logprobs.content logprob -1.5" },
             { "a logprobs entry without top_logprobs",
               choice("[9,5]", "", "", lp_no_top, "\"stop\""),
-              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1 },
+              { 10, 1.0, MSV_MODE_OFF, 16, 4, 2, 1, 1 },
               "an entry without its token_id" },
             { "a greedy selected logprob that is not 0",
               choice("[9,5]", "[[9],[5]]", "[-0.5,0.0]", "", "\"stop\""),
-              { 10, 0.0, MSV_MODE_SELECTED, 16, 4, -1, 1 },
+              { 10, 0.0, MSV_MODE_SELECTED, 16, 4, -1, 1, 1 },
               "greedy mask row 0: logprob -0.5" },
             { "a greedy support logprob that is not 0",
               choice("[9,5]", "[[9],[5]]", "[[-5e-05],[0.0]]", "",
                      "\"stop\""),
-              { 10, 0.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 },
+              { 10, 0.0, MSV_MODE_SUPPORT, 16, 4, -1, 1, 1 },
               "greedy mask row 0: logprob" },
             { "a greedy choice with logprob 0",
               choice("[9,5]", "[[9],[5]]", "[[0.0],[-0.0]]", "",
                      "\"stop\""),
-              { 10, 0.0, MSV_MODE_SUPPORT, 16, 4, -1, 1 }, NULL },
+              { 10, 0.0, MSV_MODE_SUPPORT, 16, 4, -1, 1, 1 }, NULL },
         };
 
         for (k = 0; k < sizeof(wc) / sizeof(wc[0]); k++) {
@@ -463,6 +478,162 @@ main(void)
         }
 #undef EV1
 #undef EV2
+    }
+
+    /* several choices (sampling_params.n): whole bodies and streams */
+    {
+#define CH(i, tok, row, lp, fin)                                             \
+        "{\"index\":" #i ",\"token_ids\":[" tok "],\"sampling_mask\":["      \
+        row "],\"sampling_mask_logprobs\":[" lp "],\"finish_reason\":" fin "}"
+#define USAGE(n)  ",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":"    \
+                  #n "}"
+#define BODY(chs, n)  "{\"choices\":[" chs "]" USAGE(n) "}"
+#define A0   CH(0, "9,5", "[3,9],[5]", "-0.5,0", "\"length\"")
+#define A1   CH(1, "3,5", "[3,9],[5,7]", "-0.5,-0.1", "\"length\"")
+#define A2   CH(2, "12,7", "[12],[5,7]", "0,-0.2", "\"length\"")
+#define E(chs, u)  "data: {\"choices\":[" chs "]" u "}\n\n"
+
+        /* whole documents, as check.c sees them: n = 3 */
+        static const struct {
+            const char  *name;
+            const char  *doc;
+            const char  *want;      /* NULL: valid */
+        } nd[] = {
+            { "three choices", BODY(A0 "," A1 "," A2, 6), NULL },
+            { "three choices, a missing index",
+              BODY(A0 "," A2, 4), "2 choices, expected 3" },
+            { "three choices, a duplicate index",
+              BODY(A0 "," A1 "," A1, 6), "choice index 1 twice" },
+            { "three choices, an index out of range",
+              BODY(A0 "," A1 "," CH(3, "12,7", "[12],[5,7]", "0,-0.2",
+                                    "\"length\""), 6),
+              "choices[2].index is not in 0..2" },
+            { "three choices, one without its index",
+              "{\"choices\":[" A0 "," A1 ",{\"token_ids\":[12,7],"
+              "\"sampling_mask\":[[12],[5,7]],\"sampling_mask_logprobs\":"
+              "[0,-0.2],\"finish_reason\":\"length\"}]" USAGE(6) "}",
+              "choices[2] has no index" },
+            { "three choices out of order",
+              BODY(A1 "," A0 "," A2, 6), "choices[0].index is 1" },
+            { "three choices, a sampled token outside its row in one",
+              BODY(A0 "," CH(1, "3,5", "[3,9],[7]", "-0.5,-0.1",
+                             "\"length\"") "," A2, 6),
+              "choice 1: sampled token 5 is not in its mask row" },
+            { "three choices, a row out of order in one",
+              BODY(A0 "," A1 "," CH(2, "12,7", "[12],[7,5]", "0,-0.2",
+                                    "\"length\""), 6),
+              "row ids not ascending and unique" },
+            { "four choices for n 3",
+              BODY(A0 "," A1 "," A2 "," A2, 8), "more than 3 choices" },
+        };
+        msv_expect_t  e3 = { 10, 1.0, MSV_MODE_SELECTED, 16, 2, -1, 1, 3 };
+
+        for (k = 0; k < sizeof(nd) / sizeof(nd[0]); k++) {
+            rc = check_expect(nd[k].doc, &e3, why, sizeof(why));
+            if (nd[k].want == NULL) {
+                tap_ok(rc == 0, "%s passes%s%s", nd[k].name, rc ? ": " : "",
+                       rc ? why : "");
+            } else {
+                tap_ok(rc != 0 && strstr(why, nd[k].want) != NULL,
+                       "%s is caught (\"%s\")", nd[k].name, why);
+            }
+        }
+
+        /* whole responses of n = 2, streams split anywhere; events carry
+         * some of the choices, each with its index */
+#define S0a  CH(0, "9", "[3,9]", "-0.5", "null")
+#define S0b  CH(0, "5", "[5]", "0", "\"length\"")
+#define S1a  CH(1, "3", "[3,9]", "-0.5", "null")
+#define S1b  CH(1, "5", "[5,7]", "-0.1", "\"length\"")
+        static const struct {
+            const char  *name;
+            const char  *body;
+            int          stream;
+            const char  *want;      /* NULL: valid */
+        } nr[] = {
+            { "a body of two choices", BODY(A0 "," A1, 4), 0, NULL },
+            { "a stream of two choices",
+              E(S0a "," S1a, "") E(S1b, "") E(S0b, USAGE(4))
+              "data: [DONE]\n\n", 1, NULL },
+            { "a stream of two choices, one event each",
+              E(S1a, "") E(S0a, "") E(S0b, "") E(S1b, USAGE(4))
+              "data: [DONE]\n\n", 1, NULL },
+            { "a body of two choices, usage of one",
+              BODY(A0 "," A1, 2), 0,
+              "usage.completion_tokens 2, tokens received 4" },
+            { "a choice after its finish_reason",
+              E(S0a "," S1a, "") E(S0b, "") E(S0b "," S1b, USAGE(4))
+              "data: [DONE]\n\n", 1,
+              "choice 0 in an event after the one with its finish_reason" },
+            { "usage before the last choice ended",
+              E(S0a "," S1a, "") E(S0b, USAGE(4)) E(S1b, USAGE(4))
+              "data: [DONE]\n\n", 1, "usage before the last event" },
+            { "a stream where one choice never ends",
+              E(S0a "," S1a, "") E(S0b, "") "data: [DONE]\n\n", 1,
+              "data: [DONE] before an event with a finish_reason" },
+            { "a choice short of max_tokens with ignore_eos",
+              E(S0a "," S1b, "") E(S0b, USAGE(3)) "data: [DONE]\n\n", 1,
+              "choice 1: 1 tokens with ignore_eos" },
+            { "an event of two choices with the same index",
+              E(S0a "," S0a, "") E(S0b "," S1b, USAGE(3))
+              "data: [DONE]\n\n", 1, "choice index 0 twice" },
+            { "an event without choices",
+              E(S0a "," S1a, "") "data: {\"choices\":[]}\n\n"
+              E(S0b "," S1b, USAGE(4)) "data: [DONE]\n\n", 1,
+              "an event without choices" },
+        };
+        size_t    steps[] = { 0, 1, 7 }, si;
+        uint64_t  h_body = 0, h;
+
+        for (k = 0; k < sizeof(nr) / sizeof(nr[0]); k++) {
+            for (si = 0; si < sizeof(steps) / sizeof(steps[0]); si++) {
+                rc = check_resp_n(nr[k].body, nr[k].stream, 2, steps[si],
+                                  &h, why, sizeof(why));
+                if (nr[k].want == NULL) {
+                    tap_ok(rc == 0, "%s, %zu bytes a read (0: all), "
+                           "passes%s%s", nr[k].name, steps[si],
+                           rc ? ": " : "", rc ? why : "");
+                    /* the same tokens, however split into events */
+                    if (k == 0 && si == 0) {
+                        h_body = h;
+                    } else {
+                        tap_ok(rc == 0 && h == h_body, "%s, %zu bytes a "
+                               "read: the hash of the body", nr[k].name,
+                               steps[si]);
+                    }
+                } else {
+                    tap_ok(rc != 0 && strstr(why, nr[k].want) != NULL,
+                           "%s, %zu bytes a read (0: all), is caught "
+                           "(\"%s\")", nr[k].name, steps[si], why);
+                }
+            }
+        }
+
+        /* another token in one choice: another hash */
+        rc = check_resp_n(BODY(A0 "," CH(1, "9,5", "[3,9],[5,7]",
+                                         "-0.5,-0.1", "\"length\""), 4),
+                          0, 2, 0, &h, why, sizeof(why));
+        tap_ok(rc == 0 && h != h_body, "another token of one choice changes "
+               "the hash%s%s", rc ? ": " : "", rc ? why : "");
+        /* the same choices under other indices: another hash */
+        rc = check_resp_n(BODY(CH(0, "3,5", "[3,9],[5,7]", "-0.5,-0.1",
+                                  "\"length\"") ","
+                               CH(1, "9,5", "[3,9],[5]", "-0.5,0",
+                                  "\"length\""), 4),
+                          0, 2, 0, &h, why, sizeof(why));
+        tap_ok(rc == 0 && h != h_body, "the choices swapped change the "
+               "hash%s%s", rc ? ": " : "", rc ? why : "");
+#undef CH
+#undef USAGE
+#undef BODY
+#undef A0
+#undef A1
+#undef A2
+#undef E
+#undef S0a
+#undef S0b
+#undef S1a
+#undef S1b
     }
 
     return tap_done();
