@@ -733,7 +733,14 @@ sub wstate { my $h = $_[0]->health; $h ? $h->{workers}[0] : {} }
     ok(MsvTest::wait_for(sub { hstate(fhealth(), 'gpu-a') eq 'stale' }, 6),
        'then stale once its heartbeat stopped');
     my $h = fhealth();
-    is($h->{status}, 'degraded', 'front status degraded');
+    # degraded while A is listed (stale); on a slow machine its registry
+    # record may have expired (10 s after the kill) by now: then A is gone,
+    # no longer part of the fleet, and the front is ok with B alone
+    if (hstate($h, 'gpu-a') eq 'gone') {
+        is($h->{status}, 'ok', 'front status ok: A expired from the registry');
+    } else {
+        is($h->{status}, 'degraded', 'front status degraded');
+    }
     is($h->{_status}, 200, 'still 200 with one host live');
     # the first try on A (if A was still live when they came: on a slow
     # machine the streams above can take past `stale`) is refused and logged
@@ -741,7 +748,8 @@ sub wstate { my $h = $_[0]->health; $h ? $h->{workers}[0] : {} }
         like($f->error_log, qr/maskserve fleet: host "gpu-a" \([\d.]+:\d+\) failed, skipped/,
              'the failure is logged');
     } else {
-        is(hstate($h, 'gpu-a'), 'stale', 'A not tried: it was stale already');
+        like(hstate($h, 'gpu-a'), qr/^(stale|gone)$/,
+             'A not tried: it was stale (or gone) already');
     }
     like($f->error_log, qr/maskserve fleet: the host [\d.]+:\d+ went away mid-stream/,
          'the streams cut off are logged');
