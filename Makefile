@@ -73,32 +73,37 @@ $(B)/maskserve-logits: $(B)/tools/maskserve-logits.o $(LIBS)
 
 tests: $(TESTS)
 
+# the plain-C helpers of the module that tests and benchmarks link
+MSV_NGX_SRC := $(wildcard ngx_module/msv_*.c)
+
 # the response checker of the load client and of the tests (documents,
 # and whole responses with their SSE splitting), and its test
 CHECK_SRC := bench/e2e/array.c bench/e2e/check.c
 RESP_SRC  := $(CHECK_SRC) bench/e2e/resp.c bench/e2e/sse.c
 
-$(B)/t/test_e2e_check: t/c/test_e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) $(LIBS)
+$(B)/t/test_e2e_check: t/c/test_e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) \
+                       $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -It/c -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
 	    -o $@ $< $(RESP_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
 # the same checker as a program, for the end-to-end tests (t/lib/MsvTest.pm)
-$(B)/bench/e2e_check: bench/e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) $(LIBS)
+$(B)/bench/e2e_check: bench/e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) \
+                      $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
 	    -o $@ $< $(RESP_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
-$(B)/t/%: t/c/%.c $(LIBS)
+$(B)/t/%: t/c/%.c $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -It/c -Ingx_module $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< \
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 bench: $(BENCH)
 
-$(B)/bench/%: bench/%.c $(LIBS)
+$(B)/bench/%: bench/%.c $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ingx_module $(CFLAGS) $(LDFLAGS) -O3 -MMD -MP -o $@ $< \
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
@@ -108,7 +113,8 @@ $(B)/bench/%: bench/%.c $(LIBS)
 # options
 E2E_SRC := $(wildcard bench/e2e/*.c)
 
-$(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) $(LIBS)
+$(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) \
+                     $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -O3 -MMD -MP \
 	    -o $@ $< $(E2E_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) \
@@ -119,7 +125,7 @@ $(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) $(LIB
 # functions of fuzz/ngx_shim.c; `module` configures those headers
 $(B)/bench/packed_bench: bench/packed_bench.c fuzz/ngx_shim.c \
                          ngx_module/ngx_http_maskserve_output.c \
-                         $(wildcard ngx_module/*.h) | module
+                         $(MSV_NGX_SRC) $(wildcard ngx_module/*.h) | module
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ishm -Ingx_module -Ifuzz $(NGX_INCS) -O -g -Wall -Wextra \
 	    -Wno-unused-parameter -MMD -MP \
