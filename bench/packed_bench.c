@@ -20,7 +20,11 @@
  *               every row, then output_compose of the body, in a fresh
  *               pool each time (16 KB body buffers, chain links); the
  *               pool is freed after the timing
- *   send-*      writev of that chain, 64 buffers per call as nginx's
+ *   stream-*    the same writer streaming, one event per row (as when
+ *               the client keeps up): output_row, output_compose of the
+ *               event, its buffers recycled through the free list as
+ *               ngx_http_maskserve_stream.c does once nginx sent them
+ *   send-*      writev of the body's chain, 64 buffers per call as nginx's
  *               ngx_writev does, to a loopback TCP socket that a child
  *               process drains: the kernel's share (system time)
  *
@@ -29,10 +33,11 @@
  * little; each figure is the median of `repeats` (default 5) measurements
  * of as many responses as fit in `seconds` (default 0.2).  Reported: ms
  * per response and ns per output byte (the stage's own output: base64
- * text, JSON text, the whole body).  Before timing, every body the module
- * writes is checked: the packed strings are decoded and compared with the
- * rows bit for bit, the JSON arrays parsed and compared (ids exactly,
- * logprobs as float32); a wrong answer aborts the run.
+ * text, JSON text, the whole body or all events).  Before timing, every
+ * body and every stream event the module writes is checked: the packed
+ * strings are decoded and compared with the rows bit for bit, the JSON
+ * arrays parsed and compared (ids exactly, logprobs as float32); a wrong
+ * answer aborts the run.
  *
  * The module's sources are built here with the flags nginx's own build
  * gives them (tools/build-module.sh: -O), through the nginx core
@@ -294,10 +299,8 @@ stage_json(bench_rows_t *rs, int packed)
 /* the module's writer                                                  */
 
 static void
-resp_write(bench_rows_t *rs, bench_resp_t *rp, int packed)
+resp_init(bench_resp_t *rp, int packed, int stream)
 {
-    uint32_t  i;
-
     memset(rp, 0, sizeof(*rp));
 
     rp->pool = msv_shim_pool();
@@ -310,33 +313,79 @@ resp_write(bench_rows_t *rs, bench_resp_t *rp, int packed)
     rp->ctx.mode = MSV_MASK_SUPPORT;
     rp->ctx.logprobs = -1;
     rp->ctx.packed = packed;
+    rp->ctx.stream = stream;
     rp->ctx.n_choices = 1;
 
     if (ngx_http_maskserve_output_init(&rp->ctx) != NGX_OK) {
         fprintf(stderr, "packed_bench: output_init failed\n");
         exit(1);
     }
+}
 
-    for (i = 0; i < N_ROWS; i++) {
-        if (ngx_http_maskserve_output_row(&rp->ctx, &rp->ctx.choices[0],
-                                          rs->row[i])
-            != NGX_OK)
-        {
-            fprintf(stderr, "packed_bench: output_row: %.*s\n",
-                    (int) rp->ctx.err.message.len,
-                    rp->ctx.err.message.data);
-            exit(1);
-        }
+
+static void
+resp_row(bench_resp_t *rp, const struct msv_row *w)
+{
+    if (ngx_http_maskserve_output_row(&rp->ctx, &rp->ctx.choices[0], w)
+        != NGX_OK)
+    {
+        fprintf(stderr, "packed_bench: output_row: %.*s\n",
+                (int) rp->ctx.err.message.len, rp->ctx.err.message.data);
+        exit(1);
+    }
+}
+
+
+static void
+resp_compose(bench_resp_t *rp, int final)
+{
+    if (final) {
+        rp->ctx.choices[0].done = 1;
+        rp->ctx.choices[0].finish = MSV_FINISH_LENGTH;
     }
 
-    rp->ctx.choices[0].done = 1;
-    rp->ctx.choices[0].finish = MSV_FINISH_LENGTH;
-
-    rp->out = ngx_http_maskserve_output_compose(&rp->ctx, 1, &rp->len);
+    rp->out = ngx_http_maskserve_output_compose(&rp->ctx, final, &rp->len);
     if (rp->out == NULL) {
         fprintf(stderr, "packed_bench: output_compose failed\n");
         exit(1);
     }
+}
+
+
+/*
+ * The event was sent: its buffers are drained (as the write filter leaves
+ * them) and recycled as ngx_http_maskserve_stream_send does.
+ */
+
+static void
+resp_sent(bench_resp_t *rp)
+{
+    ngx_chain_t  *cl;
+
+    for (cl = rp->out; cl; cl = cl->next) {
+        cl->buf->pos = cl->buf->last;
+    }
+
+    ngx_chain_update_chains(rp->pool, &rp->ctx.free, &rp->ctx.busy,
+                            &rp->out,
+                            (ngx_buf_tag_t) &ngx_http_maskserve_module);
+}
+
+
+/* A non-streaming body of all the rows. */
+
+static void
+resp_write(bench_rows_t *rs, bench_resp_t *rp, int packed)
+{
+    uint32_t  i;
+
+    resp_init(rp, packed, 0);
+
+    for (i = 0; i < N_ROWS; i++) {
+        resp_row(rp, rs->row[i]);
+    }
+
+    resp_compose(rp, 1);
 }
 
 
@@ -351,6 +400,30 @@ stage_module(bench_rows_t *rs, int packed)
     msv_shim_pool_free(rp.pool);
 
     return (size_t) len;
+}
+
+
+/* A stream, one event per row, as when the client keeps up. */
+
+static size_t
+stage_stream(bench_rows_t *rs, int packed)
+{
+    size_t        bytes;
+    uint32_t      i;
+    bench_resp_t  rp;
+
+    resp_init(&rp, packed, 1);
+
+    for (i = 0, bytes = 0; i < N_ROWS; i++) {
+        resp_row(&rp, rs->row[i]);
+        resp_compose(&rp, i + 1 == N_ROWS);
+        bytes += rp.len;
+        resp_sent(&rp);
+    }
+
+    msv_shim_pool_free(rp.pool);
+
+    return bytes;
 }
 
 
@@ -410,7 +483,8 @@ body_b64(const char *body, const char *key, long *n)
 
 
 static int
-check_packed(bench_rows_t *rs, const char *body)
+check_packed(bench_rows_t *rs, const char *body, uint32_t first,
+    uint32_t n_rows)
 {
     int       ok;
     long      nl, nd, nv;
@@ -424,14 +498,16 @@ check_packed(bench_rows_t *rs, const char *body)
     v = body_b64(body, "logprobs", &nv);
 
     ok = l && d && v && strstr(body, "\"format\":\"csr-i32-f32-le-v1\"")
-         && nl == 4 * N_ROWS && (size_t) nd == rs->data / 2
-         && (size_t) nv == rs->data / 2;
+         && nl == 4 * (long) n_rows && nd == 4 * (long) n_rows * rs->len
+         && nv == 4 * (long) n_rows * rs->len;
 
-    for (i = 0, off = 0; ok && i < N_ROWS; i++) {
+    for (i = 0, off = 0; ok && i < n_rows; i++) {
         memcpy(&len, l + 4 * i, 4);
         ok = len == (int32_t) rs->len
-             && memcmp(d + off, msv_row_ids(rs->row[i]), 4 * rs->len) == 0
-             && memcmp(v + off, msv_row_lps(rs->row[i]), 4 * rs->len) == 0;
+             && memcmp(d + off, msv_row_ids(rs->row[first + i]),
+                       4 * rs->len) == 0
+             && memcmp(v + off, msv_row_lps(rs->row[first + i]),
+                       4 * rs->len) == 0;
         off += 4 * (size_t) rs->len;
     }
 
@@ -447,7 +523,7 @@ check_packed(bench_rows_t *rs, const char *body)
 
 static int
 check_json_array(bench_rows_t *rs, const char *body, const char *key,
-    int f32)
+    int f32, uint32_t first, uint32_t n_rows)
 {
     char        *q, *end;
     float        f, want_f;
@@ -466,7 +542,7 @@ check_json_array(bench_rows_t *rs, const char *body, const char *key,
 
     p += strlen(key) + 4;
 
-    for (i = 0; i < N_ROWS; i++) {
+    for (i = first; i < first + n_rows; i++) {
         if (*p++ != '[') {
             return 0;
         }
@@ -492,7 +568,7 @@ check_json_array(bench_rows_t *rs, const char *body, const char *key,
             }
         }
 
-        if (*p++ != (i + 1 < N_ROWS ? ',' : ']')) {
+        if (*p++ != (i + 1 < first + n_rows ? ',' : ']')) {
             return 0;
         }
     }
@@ -506,14 +582,16 @@ check_module(bench_rows_t *rs, int packed)
 {
     int           ok;
     char         *body;
+    uint32_t      i;
     bench_resp_t  rp;
 
     resp_write(rs, &rp, packed);
     body = resp_flatten(&rp);
 
-    ok = packed ? check_packed(rs, body)
-                : check_json_array(rs, body, "sampling_mask", 0)
-                  && check_json_array(rs, body, "sampling_mask_logprobs", 1);
+    ok = packed ? check_packed(rs, body, 0, N_ROWS)
+                : check_json_array(rs, body, "sampling_mask", 0, 0, N_ROWS)
+                  && check_json_array(rs, body, "sampling_mask_logprobs", 1,
+                                      0, N_ROWS);
 
     if (!ok) {
         fprintf(stderr, "packed_bench: L=%u: the module's %s body does not "
@@ -522,6 +600,34 @@ check_module(bench_rows_t *rs, int packed)
     }
 
     free(body);
+    msv_shim_pool_free(rp.pool);
+
+    /* a stream: every event "data: {...}\n\n" with exactly its row */
+    resp_init(&rp, packed, 1);
+
+    for (i = 0; i < N_ROWS; i++) {
+        resp_row(&rp, rs->row[i]);
+        resp_compose(&rp, i + 1 == N_ROWS);
+        body = resp_flatten(&rp);
+
+        ok = strncmp(body, "data: {", 7) == 0
+             && strstr(body, "}\n\n") != NULL
+             && (packed ? check_packed(rs, body, i, 1)
+                 : check_json_array(rs, body, "sampling_mask", 0, i, 1)
+                   && check_json_array(rs, body, "sampling_mask_logprobs",
+                                       1, i, 1));
+
+        if (!ok) {
+            fprintf(stderr, "packed_bench: L=%u: event %u of the module's "
+                    "%s stream does not match its row\n", rs->len, i,
+                    packed ? "packed" : "JSON");
+            exit(1);
+        }
+
+        free(body);
+        resp_sent(&rp);
+    }
+
     msv_shim_pool_free(rp.pool);
 }
 
@@ -695,6 +801,8 @@ static const bench_stage_t  stages[] = {
     { "json", stage_json, 0 },
     { "module-packed", stage_module, 1 },
     { "module-json", stage_module, 0 },
+    { "stream-packed", stage_stream, 1 },
+    { "stream-json", stage_stream, 0 },
 };
 #define N_STAGES  (sizeof(stages) / sizeof(stages[0]))
 
@@ -764,8 +872,10 @@ main(int argc, char **argv)
     }
 
     for (i = 0; i < N_SIZES; i++) {
-        printf("\nL=%u: module + send, JSON / packed: %.2fx\n", row_sizes[i],
-               (ms[i][4] + ms[i][6]) / (ms[i][3] + ms[i][5]));
+        printf("\nL=%u: body (module + send), JSON / packed: %.2fx; "
+               "stream (module), JSON / packed: %.2fx\n", row_sizes[i],
+               (ms[i][4] + ms[i][N_STAGES + 1])
+               / (ms[i][3] + ms[i][N_STAGES]), ms[i][6] / ms[i][5]);
     }
 
     close(send_fd);

@@ -438,3 +438,50 @@ ngx_escape_json(u_char *dst, u_char *src, size_t size)
 
     return (uintptr_t) dst;
 }
+
+
+/*
+ * As nginx's: what was handed out joins busy; links from the front of busy
+ * whose buffers were sent go to free when they carry the tag (reset, for
+ * reuse), back to the pool otherwise.
+ */
+void
+ngx_chain_update_chains(ngx_pool_t *p, ngx_chain_t **free, ngx_chain_t **busy,
+    ngx_chain_t **out, ngx_buf_tag_t tag)
+{
+    ngx_chain_t  *cl;
+
+    if (*out) {
+        if (*busy == NULL) {
+            *busy = *out;
+
+        } else {
+            for (cl = *busy; cl->next; cl = cl->next) { /* void */ }
+
+            cl->next = *out;
+        }
+
+        *out = NULL;
+    }
+
+    while (*busy) {
+        cl = *busy;
+
+        if (cl->buf->tag != tag) {
+            *busy = cl->next;
+            ngx_free_chain(p, cl);
+            continue;
+        }
+
+        if (ngx_buf_size(cl->buf) != 0) {
+            break;
+        }
+
+        cl->buf->pos = cl->buf->start;
+        cl->buf->last = cl->buf->start;
+
+        *busy = cl->next;
+        cl->next = *free;
+        *free = cl;
+    }
+}
