@@ -485,3 +485,10 @@ ngx_chain_update_chains(ngx_pool_t *p, ngx_chain_t **free, ngx_chain_t **busy,
         *free = cl;
     }
 }
+
+
+void *
+ngx_alloc(size_t size, ngx_log_t *log)
+{
+    return malloc(size);
+}

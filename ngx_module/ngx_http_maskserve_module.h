@@ -38,6 +38,13 @@
 #define NGX_HTTP_MASKSERVE_STREAM_BUF      4096
 #define NGX_HTTP_MASKSERVE_BODY_BUF        16384
 
+/*
+ * Buffers of BODY_BUF bytes a worker process keeps for its next requests
+ * when a request ends (32 MB): a body's memory is then not faulted in
+ * again page by page for every response.
+ */
+#define NGX_HTTP_MASKSERVE_BLOCK_CACHE     2048
+
 
 typedef struct ngx_http_maskserve_region_s  ngx_http_maskserve_region_t;
 typedef struct ngx_http_maskserve_ctx_s     ngx_http_maskserve_ctx_t;
@@ -204,6 +211,9 @@ struct ngx_http_maskserve_ctx_s {
     ngx_chain_t                   *busy;
     ngx_chain_t                   *free_small;    /* free, by size */
     ngx_chain_t                   *free_big;
+    ngx_array_t                    blocks;        /* of BODY_BUF, u_char *,
+                                                     back to the process's
+                                                     cache at the end */
     size_t                         buf_size;      /* of section buffers */
     size_t                         pending;       /* bytes in the sections */
     size_t                         in_flight;     /* bytes handed to nginx */

@@ -15,7 +15,11 @@
  * than many small ones.  Both sizes are tagged with the module and
  * recycled through the request's free list once nginx has sent them
  * (ngx_chain_update_chains in ngx_http_maskserve_stream.c), so a long
- * stream runs in constant memory.
+ * stream runs in constant memory.  The memory of the large ones outlives
+ * the request: when it ends it goes to a per-process cache of blocks
+ * (NGX_HTTP_MASKSERVE_BLOCK_CACHE of them at most) that the next requests
+ * take from, rather than back to malloc, which would return it to the
+ * kernel and fault it in again, page by page, for the next body.
  */
 
 #include <ngx_config.h>
@@ -45,8 +49,15 @@
 #define MSV_F32_ROOM   (MSV_F32_MAX_CHARS + 1)
 
 
+/* the process's free blocks, each linked through its first bytes */
+static u_char      *ngx_http_maskserve_blocks;
+static ngx_uint_t   ngx_http_maskserve_nblocks;
+
+
 static ngx_chain_t *ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx,
     size_t size);
+static u_char *ngx_http_maskserve_block(ngx_http_maskserve_ctx_t *ctx);
+static void ngx_http_maskserve_blocks_cleanup(void *data);
 static ngx_int_t ngx_http_maskserve_room(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, size_t need);
 static ngx_int_t ngx_http_maskserve_sec_text(ngx_http_maskserve_ctx_t *ctx,
@@ -719,8 +730,10 @@ ngx_http_maskserve_output_error_event(ngx_http_maskserve_ctx_t *ctx)
 
 /*
  * A buffer of the given size class, from the free lists when possible.
- * What nginx gave back (ctx->free, both sizes mixed) is sorted into one
- * list per size first, so that taking one is never a search.
+ * What nginx gave back (ctx->free, both sizes mixed, the last sent first)
+ * is moved onto one list per size, in its order and on top of what was
+ * there: taking one is never a search, and it is the one sent last, the
+ * likeliest to be still in the CPU's cache.
  */
 
 static ngx_chain_t *
@@ -728,16 +741,32 @@ ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx, size_t size)
 {
     u_char       *start;
     ngx_buf_t    *b;
-    ngx_chain_t  *cl, **fl;
+    ngx_chain_t  *cl, **fl, *small, *big, **ls, **lb;
 
-    while (ctx->free) {
-        cl = ctx->free;
-        ctx->free = cl->next;
+    if (ctx->free) {
+        small = NULL;
+        big = NULL;
+        ls = &small;
+        lb = &big;
 
-        fl = (size_t) (cl->buf->end - cl->buf->start)
-             == NGX_HTTP_MASKSERVE_SMALL ? &ctx->free_small : &ctx->free_big;
-        cl->next = *fl;
-        *fl = cl;
+        for (cl = ctx->free; cl; cl = cl->next) {
+            if ((size_t) (cl->buf->end - cl->buf->start)
+                == NGX_HTTP_MASKSERVE_SMALL)
+            {
+                *ls = cl;
+                ls = &cl->next;
+
+            } else {
+                *lb = cl;
+                lb = &cl->next;
+            }
+        }
+
+        *ls = ctx->free_small;
+        ctx->free_small = small;
+        *lb = ctx->free_big;
+        ctx->free_big = big;
+        ctx->free = NULL;
     }
 
     fl = size == NGX_HTTP_MASKSERVE_SMALL ? &ctx->free_small
@@ -749,7 +778,9 @@ ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx, size_t size)
         goto found;
     }
 
-    start = ngx_palloc(ctx->r->pool, size);
+    start = size == NGX_HTTP_MASKSERVE_BODY_BUF
+            ? ngx_http_maskserve_block(ctx)
+            : ngx_palloc(ctx->r->pool, size);
     if (start == NULL) {
         return NULL;
     }
@@ -785,6 +816,83 @@ found:
     cl->next = NULL;
 
     return cl;
+}
+
+
+/*
+ * A block of BODY_BUF bytes for the request: from the process's cache, or
+ * new.  The request keeps a list of its blocks; its pool's cleanup hands
+ * them back (nothing of the request refers to them any more by then).
+ */
+
+static u_char *
+ngx_http_maskserve_block(ngx_http_maskserve_ctx_t *ctx)
+{
+    u_char              *b, **e;
+    ngx_pool_cleanup_t  *cln;
+
+    if (ctx->blocks.elts == NULL) {
+        if (ngx_array_init(&ctx->blocks, ctx->r->pool, 16, sizeof(u_char *))
+            != NGX_OK)
+        {
+            return NULL;
+        }
+
+        cln = ngx_pool_cleanup_add(ctx->r->pool, 0);
+        if (cln == NULL) {
+            return NULL;
+        }
+
+        cln->handler = ngx_http_maskserve_blocks_cleanup;
+        cln->data = ctx;
+    }
+
+    e = ngx_array_push(&ctx->blocks);
+    if (e == NULL) {
+        return NULL;
+    }
+
+    if (ngx_http_maskserve_blocks) {
+        b = ngx_http_maskserve_blocks;
+        ngx_memcpy(&ngx_http_maskserve_blocks, b, sizeof(u_char *));
+        ngx_http_maskserve_nblocks--;
+
+    } else {
+        b = ngx_alloc(NGX_HTTP_MASKSERVE_BODY_BUF, ctx->r->pool->log);
+        if (b == NULL) {
+            ctx->blocks.nelts--;
+            return NULL;
+        }
+    }
+
+    *e = b;
+
+    return b;
+}
+
+
+static void
+ngx_http_maskserve_blocks_cleanup(void *data)
+{
+    ngx_http_maskserve_ctx_t  *ctx = data;
+
+    u_char      **e;
+    ngx_uint_t    i;
+
+    e = ctx->blocks.elts;
+
+    for (i = 0; i < ctx->blocks.nelts; i++) {
+        if (ngx_http_maskserve_nblocks >= NGX_HTTP_MASKSERVE_BLOCK_CACHE) {
+            ngx_free(e[i]);
+            continue;
+        }
+
+        ngx_memcpy(e[i], &ngx_http_maskserve_blocks, sizeof(u_char *));
+        ngx_http_maskserve_blocks = e[i];
+        ngx_http_maskserve_nblocks++;
+    }
+
+    ctx->blocks.nelts = 0;
 }
 
 
