@@ -13,7 +13,8 @@
  *
  *   copy        memcpy of the rows' ids and logprobs: the memory floor
  *   b64         msv_b64_put alone, from the rows into one flat buffer per
- *               array (lengths, ids, logprobs), as the module feeds it
+ *               array (lengths, ids, logprobs), as the module feeds it;
+ *               b64-portable the same without the vector path
  *   json        msv_json_ids + msv_json_f32s alone, into a flat buffer
  *   module-*    the module's own writer (ngx_http_maskserve_output.c,
  *               compiled unchanged): ngx_http_maskserve_output_row for
@@ -272,6 +273,21 @@ stage_b64(bench_rows_t *rs, int packed)
     v = msv_b64_end(&sv, v);
 
     return (l - l0) + (d - d0) + (v - v0);
+}
+
+
+/* The same through the portable code only (hosts without AVX2). */
+
+static size_t
+stage_b64_portable(bench_rows_t *rs, int packed)
+{
+    size_t  n;
+
+    msv_b64_simd(0);
+    n = stage_b64(rs, packed);
+    msv_b64_simd(1);
+
+    return n;
 }
 
 
@@ -799,6 +815,7 @@ static const bench_stage_t  stages[] = {
     { "copy", stage_copy, 0 },
     { "b64", stage_b64, 1 },
     { "json", stage_json, 0 },
+    { "b64-portable", stage_b64_portable, 1 },
     { "module-packed", stage_module, 1 },
     { "module-json", stage_module, 0 },
     { "stream-packed", stage_stream, 1 },
@@ -874,8 +891,8 @@ main(int argc, char **argv)
     for (i = 0; i < N_SIZES; i++) {
         printf("\nL=%u: body (module + send), JSON / packed: %.2fx; "
                "stream (module), JSON / packed: %.2fx\n", row_sizes[i],
-               (ms[i][4] + ms[i][N_STAGES + 1])
-               / (ms[i][3] + ms[i][N_STAGES]), ms[i][6] / ms[i][5]);
+               (ms[i][5] + ms[i][N_STAGES + 1])
+               / (ms[i][4] + ms[i][N_STAGES]), ms[i][7] / ms[i][6]);
     }
 
     close(send_fd);

@@ -67,13 +67,23 @@ msv_b64_group(char *p, uint32_t g)
  * written, *src advanced past what was read.
  */
 
+static inline uint64_t
+msv_b64_pair(uint64_t v)
+{
+    uint16_t  c;
+
+    memcpy(&c, &msv_b64_pairs[v * 2], 2);
+
+    return c;
+}
+
+
 static inline char *
 msv_b64_steps(char *p, const uint8_t **src, size_t *n)
 {
-    size_t           k;
-    uint16_t         c[4];
-    uint64_t         x;
-    const uint8_t   *b;
+    size_t          k;
+    uint64_t        x, c;
+    const uint8_t  *b;
 
     b = *src;
 
@@ -87,11 +97,12 @@ msv_b64_steps(char *p, const uint8_t **src, size_t *n)
             | (x << 24 & 0xff0000000000ULL) | (x << 40 & 0xff000000000000ULL)
             | x << 56;
 #endif
-        memcpy(&c[0], &msv_b64_pairs[(x >> 52) * 2], 2);
-        memcpy(&c[1], &msv_b64_pairs[(x >> 40 & 0xfff) * 2], 2);
-        memcpy(&c[2], &msv_b64_pairs[(x >> 28 & 0xfff) * 2], 2);
-        memcpy(&c[3], &msv_b64_pairs[(x >> 16 & 0xfff) * 2], 2);
-        memcpy(p, c, 8);
+        /* the 8 characters in one register: the first pair lowest */
+        c = msv_b64_pair(x >> 52)
+            | msv_b64_pair(x >> 40 & 0xfff) << 16
+            | msv_b64_pair(x >> 28 & 0xfff) << 32
+            | msv_b64_pair(x >> 16 & 0xfff) << 48;
+        memcpy(p, &c, 8);
 
         p += 8;
         b += 6;
