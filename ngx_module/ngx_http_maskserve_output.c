@@ -544,8 +544,8 @@ ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
     static const char  *finish[] = { "null", "\"stop\"", "\"length\"",
                                      "\"abort\"" };
 
-    /* the index, a seed and the key: well within a small buffer */
-    b = ngx_http_maskserve_glue_buf(ctx, ll, 64);
+    /* {"index":N,"seed":S,"token_ids":[ : 71 bytes at most */
+    b = ngx_http_maskserve_glue_buf(ctx, ll, 80);
     if (b == NULL) {
         return NGX_ERROR;
     }
