@@ -73,19 +73,24 @@ $(B)/maskserve-logits: $(B)/tools/maskserve-logits.o $(LIBS)
 
 tests: $(TESTS)
 
+# the plain-C helpers of the module that tests and benchmarks link
+MSV_NGX_SRC := $(wildcard ngx_module/msv_*.c)
+
 # the response checker of the load client and of the tests (documents,
 # and whole responses with their SSE splitting), and its test
 CHECK_SRC := bench/e2e/array.c bench/e2e/check.c
 RESP_SRC  := $(CHECK_SRC) bench/e2e/resp.c bench/e2e/sse.c
 
-$(B)/t/test_e2e_check: t/c/test_e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) $(LIBS)
+$(B)/t/test_e2e_check: t/c/test_e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) \
+                       $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -It/c -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
 	    -o $@ $< $(RESP_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
 # the same checker as a program, for the end-to-end tests (t/lib/MsvTest.pm)
-$(B)/bench/e2e_check: bench/e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) $(LIBS)
+$(B)/bench/e2e_check: bench/e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) \
+                      $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
 	    -o $@ $< $(RESP_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
@@ -98,20 +103,20 @@ ifneq ($(NVCC),)
 KERNEL_CHECK_OBJ := $(B)/kernels/kernel_check.o
 endif
 
-$(B)/t/test_backend: t/c/test_backend.c $(KERNEL_CHECK_OBJ) $(LIBS)
+$(B)/t/test_backend: t/c/test_backend.c $(KERNEL_CHECK_OBJ) $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -It/c -Ikernels -Ingx_module $(CFLAGS) $(LDFLAGS) -MMD -MP \
 	    -o $@ $< $(KERNEL_CHECK_OBJ) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
-$(B)/t/%: t/c/%.c $(LIBS)
+$(B)/t/%: t/c/%.c $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -It/c -Ingx_module $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< \
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 bench: $(BENCH)
 
-$(B)/bench/%: bench/%.c $(LIBS)
+$(B)/bench/%: bench/%.c $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ingx_module $(CFLAGS) $(LDFLAGS) -O3 -MMD -MP -o $@ $< \
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
@@ -121,11 +126,25 @@ $(B)/bench/%: bench/%.c $(LIBS)
 # options
 E2E_SRC := $(wildcard bench/e2e/*.c)
 
-$(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) $(LIBS)
+$(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) \
+                     $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -O3 -MMD -MP \
 	    -o $@ $< $(E2E_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) \
 	    $(LDLIBS)
+
+# the packed-mask benchmark runs the module's output writer as nginx's
+# build compiles it (-O), against nginx's configured headers and the core
+# functions of fuzz/ngx_shim.c; `module` configures those headers
+$(B)/bench/packed_bench: bench/packed_bench.c fuzz/ngx_shim.c \
+                         ngx_module/ngx_http_maskserve_output.c \
+                         $(MSV_NGX_SRC) $(wildcard ngx_module/*.h) | module
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Ishm -Ingx_module -Ifuzz $(NGX_INCS) -O -g -Wall -Wextra \
+	    -Wno-unused-parameter -MMD -MP \
+	    -o $@ bench/packed_bench.c fuzz/ngx_shim.c \
+	    ngx_module/ngx_http_maskserve_output.c ngx_module/msv_b64.c \
+	    ngx_module/msv_json.c -lm
 
 # The nginx dynamic module, built against Debian's nginx-dev sources.
 module:

@@ -258,7 +258,7 @@ msv_opt_watch(msv_load_opts_t *o, char *s)
         }
         w->pid[w->n++] = (pid_t) v;
     }
-    if (isnan(msv_watch_cpu(w))) {
+    if (isnan(msv_watch_cpu(w, NULL))) {
         return -1;
     }
     o->n_watch++;

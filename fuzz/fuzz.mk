@@ -13,7 +13,7 @@ FUZZ_SAN    := -fsanitize=fuzzer,address,undefined \
 FUZZ_CFLAGS := -std=gnu11 -O1 -g -D_GNU_SOURCE $(FUZZ_SAN) \
                -Ishm -Iworker -Ingx_module -Ifuzz
 FUZZ_TIME   ?= 5
-FUZZ_NAMES  := parse json ring safetensors
+FUZZ_NAMES  := parse json ring safetensors b64
 FUZZ_BINS   := $(FUZZ_NAMES:%=$(FUZZ_B)/fuzz_%)
 
 NGX_HDRS    ?= /usr/share/nginx/src
@@ -45,6 +45,10 @@ $(FUZZ_B)/fuzz_ring: fuzz/fuzz_ring.c shm/msv_ring.c shm/msv_region.c \
 $(FUZZ_B)/fuzz_safetensors: fuzz/fuzz_safetensors.c worker/safetensors.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lyajl -lm
+
+$(FUZZ_B)/fuzz_b64: fuzz/fuzz_b64.c ngx_module/msv_b64.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^
 
 $(NGX_OBJS)/ngx_auto_config.h:
 	+sh tools/build-module.sh $(B)/nginx

@@ -104,3 +104,10 @@ h = json.dumps({'x': {'dtype': 'F32', 'shape': [1],
                       'data_offsets': [0, 4]}}).encode()
 put('safetensors', 'raw', bytes([0]) + struct.pack('<Q', len(h)) + h
     + b'\0\0\x80\x3f')
+
+# b64: split seed byte, then the data (also tried as base64 text)
+put('b64', 'text', bytes([7]) + b'Zm9vYmFy')
+put('b64', 'padded', bytes([1]) + b'Zm9vYg==')
+put('b64', 'rows', bytes([200]) + struct.pack('<4i4f', 3, 101, 187, 512,
+                                              -0.81, -0.12, -1.5, -30.0))
+put('b64', 'long', bytes([42]) + bytes(range(256)) * 3)

@@ -290,3 +290,205 @@ ngx_http_maskserve_set_error(ngx_http_maskserve_err_t *err,
     err->message.data = message;
     err->message.len = len;
 }
+
+
+/* What the module's output writer (ngx_http_maskserve_output.c) calls
+ * besides the pool; bench/packed_bench.c runs it outside nginx. */
+
+ngx_module_t  ngx_http_maskserve_module;
+
+
+/* As nginx's: a link from the pool's free list, or a new one. */
+ngx_chain_t *
+ngx_alloc_chain_link(ngx_pool_t *pool)
+{
+    ngx_chain_t  *cl;
+
+    cl = pool->chain;
+
+    if (cl) {
+        pool->chain = cl->next;
+        return cl;
+    }
+
+    return ngx_palloc(pool, sizeof(ngx_chain_t));
+}
+
+
+ngx_buf_t *
+ngx_create_temp_buf(ngx_pool_t *pool, size_t size)
+{
+    ngx_buf_t  *b;
+
+    b = ngx_calloc_buf(pool);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    b->start = ngx_palloc(pool, size);
+    if (b->start == NULL) {
+        return NULL;
+    }
+
+    b->pos = b->start;
+    b->last = b->start;
+    b->end = b->last + size;
+    b->temporary = 1;
+
+    return b;
+}
+
+
+/* As nginx's: at most n - 1 bytes, then a NUL; returns the NUL. */
+u_char *
+ngx_cpystrn(u_char *dst, u_char *src, size_t n)
+{
+    if (n == 0) {
+        return dst;
+    }
+
+    while (--n) {
+        *dst = *src;
+
+        if (*dst == '\0') {
+            return dst;
+        }
+
+        dst++;
+        src++;
+    }
+
+    *dst = '\0';
+
+    return dst;
+}
+
+
+u_char * ngx_cdecl
+ngx_sprintf(u_char *buf, const char *fmt, ...)
+{
+    u_char   *p;
+    va_list   args;
+
+    va_start(args, fmt);
+    p = ngx_vslprintf(buf, (void *) -1, fmt, args);
+    va_end(args);
+
+    return p;
+}
+
+
+/*
+ * As nginx's: with dst NULL, the number of bytes escaping adds; else the
+ * escaped text, and the end of it.
+ */
+uintptr_t
+ngx_escape_json(u_char *dst, u_char *src, size_t size)
+{
+    u_char      ch;
+    ngx_uint_t  len;
+
+    static const char  hex[] = "0123456789abcdef";
+
+    if (dst == NULL) {
+        len = 0;
+
+        while (size) {
+            ch = *src++;
+
+            if (ch == '\\' || ch == '"') {
+                len++;
+
+            } else if (ch <= 0x1f) {
+                len += ch == '\n' || ch == '\r' || ch == '\t' || ch == '\b'
+                       || ch == '\f' ? 1 : sizeof("\\u001F") - 2;
+            }
+
+            size--;
+        }
+
+        return (uintptr_t) len;
+    }
+
+    while (size) {
+        ch = *src++;
+
+        if (ch > 0x1f && ch != '\\' && ch != '"') {
+            *dst++ = ch;
+
+        } else {
+            *dst++ = '\\';
+
+            switch (ch) {
+            case '\\': case '"': *dst++ = ch; break;
+            case '\n': *dst++ = 'n'; break;
+            case '\r': *dst++ = 'r'; break;
+            case '\t': *dst++ = 't'; break;
+            case '\b': *dst++ = 'b'; break;
+            case '\f': *dst++ = 'f'; break;
+            default:
+                *dst++ = 'u'; *dst++ = '0'; *dst++ = '0';
+                *dst++ = '0' + (ch >> 4);
+                *dst++ = hex[ch & 0xf];
+            }
+        }
+
+        size--;
+    }
+
+    return (uintptr_t) dst;
+}
+
+
+/*
+ * As nginx's: what was handed out joins busy; links from the front of busy
+ * whose buffers were sent go to free when they carry the tag (reset, for
+ * reuse), back to the pool otherwise.
+ */
+void
+ngx_chain_update_chains(ngx_pool_t *p, ngx_chain_t **free, ngx_chain_t **busy,
+    ngx_chain_t **out, ngx_buf_tag_t tag)
+{
+    ngx_chain_t  *cl;
+
+    if (*out) {
+        if (*busy == NULL) {
+            *busy = *out;
+
+        } else {
+            for (cl = *busy; cl->next; cl = cl->next) { /* void */ }
+
+            cl->next = *out;
+        }
+
+        *out = NULL;
+    }
+
+    while (*busy) {
+        cl = *busy;
+
+        if (cl->buf->tag != tag) {
+            *busy = cl->next;
+            ngx_free_chain(p, cl);
+            continue;
+        }
+
+        if (ngx_buf_size(cl->buf) != 0) {
+            break;
+        }
+
+        cl->buf->pos = cl->buf->start;
+        cl->buf->last = cl->buf->start;
+
+        *busy = cl->next;
+        cl->next = *free;
+        *free = cl;
+    }
+}
+
+
+void *
+ngx_alloc(size_t size, ngx_log_t *log)
+{
+    return malloc(size);
+}

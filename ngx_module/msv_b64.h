@@ -57,6 +57,14 @@ msv_b64_fits(size_t room)
 /* Encode n more bytes at p; returns the end of what was written. */
 char *msv_b64_put(msv_b64_t *s, char *p, const void *src, size_t n);
 
+/*
+ * Whether msv_b64_put may use the CPU's vector instructions (AVX2 on
+ * x86-64): by default it does where the CPU has them.  on = 0 keeps it to
+ * the portable code (tests and benchmarks compare the two); returns
+ * whether the vector path is now in use.
+ */
+int msv_b64_simd(int on);
+
 /* Write what is left (0 or 4 characters) and reset the stream. */
 char *msv_b64_end(msv_b64_t *s, char *p);
 

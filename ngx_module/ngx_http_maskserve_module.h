@@ -30,11 +30,20 @@
 #define NGX_HTTP_MASKSERVE_WATCHDOG        1000
 
 /*
- * Output buffers are allocated this large: small for streams, which send
- * one event at a time, larger for whole non-streaming bodies.
+ * Output buffers are allocated this large: small for JSON streams, which
+ * send one event at a time, larger for whole non-streaming bodies and for
+ * packed streams (a 1000-id row is 5.3 KB of base64 per array: one
+ * buffer per array and event).
  */
 #define NGX_HTTP_MASKSERVE_STREAM_BUF      4096
 #define NGX_HTTP_MASKSERVE_BODY_BUF        16384
+
+/*
+ * Buffers of BODY_BUF bytes a worker process keeps for its next requests
+ * when a request ends (32 MB): a body's memory is then not faulted in
+ * again page by page for every response.
+ */
+#define NGX_HTTP_MASKSERVE_BLOCK_CACHE     2048
 
 
 typedef struct ngx_http_maskserve_region_s  ngx_http_maskserve_region_t;
@@ -198,8 +207,13 @@ struct ngx_http_maskserve_ctx_s {
     /* output, formatted as rows arrive */
     ngx_http_maskserve_choice_t   *choices;
     ngx_uint_t                     n_choices;     /* sampling_params.n */
-    ngx_chain_t                   *free;
+    ngx_chain_t                   *free;          /* sent, any size */
     ngx_chain_t                   *busy;
+    ngx_chain_t                   *free_small;    /* free, by size */
+    ngx_chain_t                   *free_big;
+    ngx_array_t                    blocks;        /* of BODY_BUF, u_char *,
+                                                     back to the process's
+                                                     cache at the end */
     size_t                         buf_size;      /* of section buffers */
     size_t                         pending;       /* bytes in the sections */
     size_t                         in_flight;     /* bytes handed to nginx */

@@ -10,9 +10,16 @@
  *
  * Buffers come in two sizes: ctx->buf_size for the sections and a small
  * one for glue (the text between sections, the event's head and tail).
- * Both are tagged with the module and recycled through the
- * request's free list once nginx has sent them (ngx_chain_update_chains in
- * ngx_http_maskserve_stream.c), so a long stream runs in constant memory.
+ * Glue goes at the end of the buffer linked last when it fits there (a
+ * section's, usually), so that an event is a few large buffers rather
+ * than many small ones.  Both sizes are tagged with the module and
+ * recycled through the request's free list once nginx has sent them
+ * (ngx_chain_update_chains in ngx_http_maskserve_stream.c), so a long
+ * stream runs in constant memory.  The memory of the large ones outlives
+ * the request: when it ends it goes to a per-process cache of blocks
+ * (NGX_HTTP_MASKSERVE_BLOCK_CACHE of them at most) that the next requests
+ * take from, rather than back to malloc, which would return it to the
+ * kernel and fault it in again, page by page, for the next body.
  */
 
 #include <ngx_config.h>
@@ -42,8 +49,15 @@
 #define MSV_F32_ROOM   (MSV_F32_MAX_CHARS + 1)
 
 
+/* the process's free blocks, each linked through its first bytes */
+static u_char      *ngx_http_maskserve_blocks;
+static ngx_uint_t   ngx_http_maskserve_nblocks;
+
+
 static ngx_chain_t *ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx,
     size_t size);
+static u_char *ngx_http_maskserve_block(ngx_http_maskserve_ctx_t *ctx);
+static void ngx_http_maskserve_blocks_cleanup(void *data);
 static ngx_int_t ngx_http_maskserve_room(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, size_t need);
 static ngx_int_t ngx_http_maskserve_sec_text(ngx_http_maskserve_ctx_t *ctx,
@@ -67,6 +81,8 @@ static ngx_int_t ngx_http_maskserve_compose_choice(
     ngx_uint_t final, ngx_chain_t ***ll);
 static ngx_int_t ngx_http_maskserve_link(ngx_http_maskserve_ctx_t *ctx,
     ngx_chain_t ***ll, ngx_http_maskserve_sec_t *sec);
+static ngx_buf_t *ngx_http_maskserve_glue_buf(ngx_http_maskserve_ctx_t *ctx,
+    ngx_chain_t ***ll, size_t n);
 static ngx_int_t ngx_http_maskserve_glue(ngx_http_maskserve_ctx_t *ctx,
     ngx_chain_t ***ll, const char *s, size_t n);
 static ngx_int_t ngx_http_maskserve_glue2(ngx_http_maskserve_ctx_t *ctx,
@@ -98,8 +114,9 @@ ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx)
         ngx_http_maskserve_choice_reset(&ctx->choices[i]);
     }
 
-    ctx->buf_size = ctx->stream ? NGX_HTTP_MASKSERVE_STREAM_BUF
-                                : NGX_HTTP_MASKSERVE_BODY_BUF;
+    ctx->buf_size = ctx->stream && !ctx->packed
+                    ? NGX_HTTP_MASKSERVE_STREAM_BUF
+                    : NGX_HTTP_MASKSERVE_BODY_BUF;
     ctx->pending = 0;
     ctx->in_flight = 0;
 
@@ -455,12 +472,11 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
 
     /* tail */
 
-    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
-    if (cl == NULL) {
+    b = ngx_http_maskserve_glue_buf(ctx, &ll, NGX_HTTP_MASKSERVE_SMALL);
+    if (b == NULL) {
         return NULL;
     }
 
-    b = cl->buf;
     p = b->last;
 
     *p++ = ']';
@@ -487,7 +503,6 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     }
 
     b->last = p;
-    *ll = cl;
 
     /* the sections now belong to the chain */
 
@@ -522,19 +537,20 @@ static ngx_int_t
 ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_choice_t *ch, ngx_uint_t final, ngx_chain_t ***ll)
 {
-    u_char       *p;
-    const char   *close;
-    ngx_chain_t  *cl;
+    u_char      *p;
+    ngx_buf_t   *b;
+    const char  *close;
 
     static const char  *finish[] = { "null", "\"stop\"", "\"length\"",
                                      "\"abort\"" };
 
-    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
-    if (cl == NULL) {
+    /* {"index":N,"seed":S,"token_ids":[ : 71 bytes at most */
+    b = ngx_http_maskserve_glue_buf(ctx, ll, 80);
+    if (b == NULL) {
         return NGX_ERROR;
     }
 
-    p = ngx_cpymem(cl->buf->last, "{\"index\":", 9);
+    p = ngx_cpymem(b->last, "{\"index\":", 9);
     p = (u_char *) msv_fmt_u64((char *) p, ch->index);
 
     if (ctx->n_choices > 1 && ch->seed_known) {
@@ -544,10 +560,7 @@ ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
     }
 
     p = ngx_cpymem(p, ",\"token_ids\":[", 14);
-    cl->buf->last = p;
-
-    **ll = cl;
-    *ll = &cl->next;
+    b->last = p;
 
     if (ngx_http_maskserve_link(ctx, ll, &ch->ids) != NGX_OK) {
         return NGX_ERROR;
@@ -617,12 +630,13 @@ ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
         close = "]}";
     }
 
-    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
-    if (cl == NULL) {
+    /* the close, finish_reason, the weight versions: a small buffer */
+    b = ngx_http_maskserve_glue_buf(ctx, ll, NGX_HTTP_MASKSERVE_SMALL);
+    if (b == NULL) {
         return NGX_ERROR;
     }
 
-    p = (u_char *) ngx_cpystrn(cl->buf->last, (u_char *) close, 4);
+    p = (u_char *) ngx_cpystrn(b->last, (u_char *) close, 4);
     p = ngx_cpymem(p, ",\"finish_reason\":", 17);
     /* a choice's end is told once: in its last event, or in the body */
     if ((ch->done || final) && !ch->reported) {
@@ -656,10 +670,7 @@ ngx_http_maskserve_compose_choice(ngx_http_maskserve_ctx_t *ctx,
         p = ngx_cpymem(p, "null", 4);
     }
     *p++ = '}';
-    cl->buf->last = p;
-
-    **ll = cl;
-    *ll = &cl->next;
+    b->last = p;
 
     return NGX_OK;
 }
@@ -717,26 +728,59 @@ ngx_http_maskserve_output_error_event(ngx_http_maskserve_ctx_t *ctx)
 }
 
 
-/* A buffer of the given size class, from the free list when possible. */
+/*
+ * A buffer of the given size class, from the free lists when possible.
+ * What nginx gave back (ctx->free, both sizes mixed, the last sent first)
+ * is moved onto one list per size, in its order and on top of what was
+ * there: taking one is never a search, and it is the one sent last, the
+ * likeliest to be still in the CPU's cache.
+ */
 
 static ngx_chain_t *
 ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx, size_t size)
 {
     u_char       *start;
     ngx_buf_t    *b;
-    ngx_chain_t  *cl, **ll;
+    ngx_chain_t  *cl, **fl, *small, *big, **ls, **lb;
 
-    for (ll = &ctx->free; *ll; ll = &(*ll)->next) {
-        b = (*ll)->buf;
+    if (ctx->free) {
+        small = NULL;
+        big = NULL;
+        ls = &small;
+        lb = &big;
 
-        if (b->start && (size_t) (b->end - b->start) == size) {
-            cl = *ll;
-            *ll = cl->next;
-            goto found;
+        for (cl = ctx->free; cl; cl = cl->next) {
+            if ((size_t) (cl->buf->end - cl->buf->start)
+                == NGX_HTTP_MASKSERVE_SMALL)
+            {
+                *ls = cl;
+                ls = &cl->next;
+
+            } else {
+                *lb = cl;
+                lb = &cl->next;
+            }
         }
+
+        *ls = ctx->free_small;
+        ctx->free_small = small;
+        *lb = ctx->free_big;
+        ctx->free_big = big;
+        ctx->free = NULL;
     }
 
-    start = ngx_palloc(ctx->r->pool, size);
+    fl = size == NGX_HTTP_MASKSERVE_SMALL ? &ctx->free_small
+                                          : &ctx->free_big;
+
+    if (*fl) {
+        cl = *fl;
+        *fl = cl->next;
+        goto found;
+    }
+
+    start = size == NGX_HTTP_MASKSERVE_BODY_BUF
+            ? ngx_http_maskserve_block(ctx)
+            : ngx_palloc(ctx->r->pool, size);
     if (start == NULL) {
         return NULL;
     }
@@ -772,6 +816,83 @@ found:
     cl->next = NULL;
 
     return cl;
+}
+
+
+/*
+ * A block of BODY_BUF bytes for the request: from the process's cache, or
+ * new.  The request keeps a list of its blocks; its pool's cleanup hands
+ * them back (nothing of the request refers to them any more by then).
+ */
+
+static u_char *
+ngx_http_maskserve_block(ngx_http_maskserve_ctx_t *ctx)
+{
+    u_char              *b, **e;
+    ngx_pool_cleanup_t  *cln;
+
+    if (ctx->blocks.elts == NULL) {
+        if (ngx_array_init(&ctx->blocks, ctx->r->pool, 16, sizeof(u_char *))
+            != NGX_OK)
+        {
+            return NULL;
+        }
+
+        cln = ngx_pool_cleanup_add(ctx->r->pool, 0);
+        if (cln == NULL) {
+            return NULL;
+        }
+
+        cln->handler = ngx_http_maskserve_blocks_cleanup;
+        cln->data = ctx;
+    }
+
+    e = ngx_array_push(&ctx->blocks);
+    if (e == NULL) {
+        return NULL;
+    }
+
+    if (ngx_http_maskserve_blocks) {
+        b = ngx_http_maskserve_blocks;
+        ngx_memcpy(&ngx_http_maskserve_blocks, b, sizeof(u_char *));
+        ngx_http_maskserve_nblocks--;
+
+    } else {
+        b = ngx_alloc(NGX_HTTP_MASKSERVE_BODY_BUF, ctx->r->pool->log);
+        if (b == NULL) {
+            ctx->blocks.nelts--;
+            return NULL;
+        }
+    }
+
+    *e = b;
+
+    return b;
+}
+
+
+static void
+ngx_http_maskserve_blocks_cleanup(void *data)
+{
+    ngx_http_maskserve_ctx_t  *ctx = data;
+
+    u_char      **e;
+    ngx_uint_t    i;
+
+    e = ctx->blocks.elts;
+
+    for (i = 0; i < ctx->blocks.nelts; i++) {
+        if (ngx_http_maskserve_nblocks >= NGX_HTTP_MASKSERVE_BLOCK_CACHE) {
+            ngx_free(e[i]);
+            continue;
+        }
+
+        ngx_memcpy(e[i], &ngx_http_maskserve_blocks, sizeof(u_char *));
+        ngx_http_maskserve_blocks = e[i];
+        ngx_http_maskserve_nblocks++;
+    }
+
+    ctx->blocks.nelts = 0;
 }
 
 
@@ -1034,21 +1155,54 @@ ngx_http_maskserve_link(ngx_http_maskserve_ctx_t *ctx, ngx_chain_t ***ll,
 }
 
 
+/*
+ * A buffer at the end of the chain *ll ends with, with room for n more
+ * bytes (n at most a small buffer): the last one linked when it has the
+ * room (one of ours, still to be sent: this chain is being composed),
+ * else a new small one linked after it.  The chain always starts with the
+ * event's head, so *ll is the next field of its last link.
+ */
+
+static ngx_buf_t *
+ngx_http_maskserve_glue_buf(ngx_http_maskserve_ctx_t *ctx, ngx_chain_t ***ll,
+    size_t n)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    cl = (ngx_chain_t *) ((u_char *) *ll - offsetof(ngx_chain_t, next));
+    b = cl->buf;
+
+    if (b->tag == (ngx_buf_tag_t) &ngx_http_maskserve_module
+        && (size_t) (b->end - b->last) >= n)
+    {
+        return b;
+    }
+
+    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
+    if (cl == NULL) {
+        return NULL;
+    }
+
+    **ll = cl;
+    *ll = &cl->next;
+
+    return cl->buf;
+}
+
+
 static ngx_int_t
 ngx_http_maskserve_glue(ngx_http_maskserve_ctx_t *ctx, ngx_chain_t ***ll,
     const char *s, size_t n)
 {
-    ngx_chain_t  *cl;
+    ngx_buf_t  *b;
 
-    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
-    if (cl == NULL) {
+    b = ngx_http_maskserve_glue_buf(ctx, ll, n);
+    if (b == NULL) {
         return NGX_ERROR;
     }
 
-    cl->buf->last = ngx_cpymem(cl->buf->last, s, n);
-
-    **ll = cl;
-    *ll = &cl->next;
+    b->last = ngx_cpymem(b->last, s, n);
 
     return NGX_OK;
 }
@@ -1060,18 +1214,19 @@ static ngx_int_t
 ngx_http_maskserve_glue2(ngx_http_maskserve_ctx_t *ctx, ngx_chain_t ***ll,
     const char *a, const char *b)
 {
-    ngx_chain_t  *cl;
+    size_t      na, nb;
+    ngx_buf_t  *buf;
 
-    cl = ngx_http_maskserve_get_buf(ctx, NGX_HTTP_MASKSERVE_SMALL);
-    if (cl == NULL) {
+    na = ngx_strlen(a);
+    nb = ngx_strlen(b);
+
+    buf = ngx_http_maskserve_glue_buf(ctx, ll, na + nb);
+    if (buf == NULL) {
         return NGX_ERROR;
     }
 
-    cl->buf->last = ngx_cpymem(cl->buf->last, a, ngx_strlen(a));
-    cl->buf->last = ngx_cpymem(cl->buf->last, b, ngx_strlen(b));
-
-    **ll = cl;
-    *ll = &cl->next;
+    buf->last = ngx_cpymem(buf->last, a, na);
+    buf->last = ngx_cpymem(buf->last, b, nb);
 
     return NGX_OK;
 }

@@ -56,15 +56,18 @@ msv_cpu_seconds(void)
 }
 
 
-/* CPU seconds (user + system, all threads) of a process; -1 if gone */
+/*
+ * CPU seconds (user + system, all threads) of a process; its system part
+ * and its minor page faults in *st; -1 if gone
+ */
 
 static double
-msv_proc_cpu(pid_t pid)
+msv_proc_cpu(pid_t pid, msv_proc_stat_t *st)
 {
     char                buf[1024], path[64], *p;
-    int                 fd, field;
+    int                 fd;
     ssize_t             n;
-    unsigned long long  ut, st;
+    unsigned long long  flt, ut, sy;
 
     snprintf(path, sizeof(path), "/proc/%d/stat", (int) pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -79,41 +82,45 @@ msv_proc_cpu(pid_t pid)
     buf[n] = '\0';
 
     /* the command may hold spaces and parentheses: start after the last
-     * ')'; the state is field 3, utime and stime fields 14 and 15 */
+     * ')'; the state is field 3, minflt field 10, utime and stime fields
+     * 14 and 15 */
     p = strrchr(buf, ')');
     if (p == NULL) {
         return -1;
     }
-    p++;
-    for (field = 2; field < 13; field++) {
-        p = strchr(p + 1, ' ');
-        if (p == NULL) {
-            return -1;
-        }
-    }
-    if (sscanf(p, " %llu %llu", &ut, &st) != 2) {
+    if (sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %llu %*u %*u %*u %llu "
+               "%llu", &flt, &ut, &sy) != 3)
+    {
         return -1;
     }
-    return (double) (ut + st) / (double) sysconf(_SC_CLK_TCK);
+    st->sys = (double) sy / (double) sysconf(_SC_CLK_TCK);
+    st->faults = (double) flt;
+    return (double) (ut + sy) / (double) sysconf(_SC_CLK_TCK);
 }
 
 
-/* the watched processes of one label together */
+/* the watched processes of one label together; st may be NULL */
 
 double
-msv_watch_cpu(const msv_watch_t *w)
+msv_watch_cpu(const msv_watch_t *w, msv_proc_stat_t *st)
 {
-    double  sum = 0, t;
-    int     i;
+    double           sum = 0, t;
+    int              i;
+    msv_proc_stat_t  one, all = { 0, 0 };
 
     for (i = 0; i < w->n; i++) {
-        t = msv_proc_cpu(w->pid[i]);
+        t = msv_proc_cpu(w->pid[i], &one);
         if (t < 0) {
             fprintf(stderr, "e2e_load: --cpu %s: process %d is gone\n",
                     w->label, (int) w->pid[i]);
             return NAN;
         }
         sum += t;
+        all.sys += one.sys;
+        all.faults += one.faults;
+    }
+    if (st) {
+        *st = all;
     }
     return sum;
 }
@@ -675,7 +682,7 @@ msv_run(msv_client_t *C, msv_run_t *run, int mode, long requests)
     run->mode = mode;
 
     for (i = 0; i < C->o.n_watch; i++) {
-        run->wcpu[i] = msv_watch_cpu(&C->o.watch[i]);
+        run->wcpu[i] = msv_watch_cpu(&C->o.watch[i], &run->wst[i]);
     }
     cpu0 = msv_cpu_seconds();
     run->t0 = msv_now();
@@ -716,7 +723,11 @@ msv_run(msv_client_t *C, msv_run_t *run, int mode, long requests)
 
     run->cpu = msv_cpu_seconds() - cpu0;
     for (i = 0; i < C->o.n_watch; i++) {
-        run->wcpu[i] = msv_watch_cpu(&C->o.watch[i]) - run->wcpu[i];
+        msv_proc_stat_t  st;
+
+        run->wcpu[i] = msv_watch_cpu(&C->o.watch[i], &st) - run->wcpu[i];
+        run->wst[i].sys = st.sys - run->wst[i].sys;
+        run->wst[i].faults = st.faults - run->wst[i].faults;
         msv_watch_mem(&C->o.watch[i], &run->rss_kb[i], &run->hwm_kb[i]);
     }
 
@@ -866,6 +877,10 @@ msv_run_summary(const msv_load_opts_t *o, msv_run_t *run)
     for (i = 0; i < (size_t) o->n_watch; i++) {
         run->wcpu_ms[i] = run->ok ? run->wcpu[i] * 1e3 / (double) run->ok
                                   : NAN;
+        run->wsys_ms[i] = run->ok ? run->wst[i].sys * 1e3 / (double) run->ok
+                                  : NAN;
+        run->wfaults[i] = run->ok ? run->wst[i].faults / (double) run->ok
+                                  : NAN;
     }
     run->ttfe50 = msv_pct(&t1, 0.50) * 1e3;
     run->ttfe99 = msv_pct(&t1, 0.99) * 1e3;
@@ -893,7 +908,9 @@ msv_run_print(const msv_load_opts_t *o, msv_run_t *run, long rep)
            run->ttfe50, run->ttfe99, run->lat50, run->lat99, run->mbps,
            run->kb_resp, run->cpu_ms, run->cpu_pct);
     for (i = 0; i < o->n_watch; i++) {
-        printf(", %s %.2f ms", o->watch[i].label, run->wcpu_ms[i]);
+        printf(", %s %.2f ms (system %.2f, %.0f page faults)",
+               o->watch[i].label, run->wcpu_ms[i], run->wsys_ms[i],
+               run->wfaults[i]);
     }
     printf("\n");
     fflush(stdout);

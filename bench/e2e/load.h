@@ -37,6 +37,12 @@ typedef struct {
     pid_t        pid[MSV_LOAD_WATCH_PIDS];
 } msv_watch_t;
 
+/* what /proc says of a watched process besides its CPU time */
+typedef struct {
+    double       sys;               /* system CPU seconds */
+    double       faults;            /* minor page faults */
+} msv_proc_stat_t;
+
 typedef struct {
     const char  *host;
     const char  *port;
@@ -88,6 +94,7 @@ typedef struct {
     double       deadline;          /* duration mode */
     double       cpu;               /* client CPU seconds, all threads */
     double       wcpu[MSV_LOAD_MAX_WATCH];  /* watched processes' */
+    msv_proc_stat_t  wst[MSV_LOAD_MAX_WATCH];  /* their system part, faults */
     long long    rss_kb[MSV_LOAD_MAX_WATCH];  /* their VmRSS at the end */
     long long    hwm_kb[MSV_LOAD_MAX_WATCH];  /* and VmHWM (peaks) */
     msv_f64s_t   done_t;            /* completion times, all outcomes */
@@ -107,6 +114,8 @@ typedef struct {
     double       cpu_pct;
     double       cpu_ms;            /* client CPU per valid response */
     double       wcpu_ms[MSV_LOAD_MAX_WATCH];
+    double       wsys_ms[MSV_LOAD_MAX_WATCH];
+    double       wfaults[MSV_LOAD_MAX_WATCH];  /* minor faults per response */
     double       ttfe50, ttfe99, lat50, lat99;
 } msv_run_t;
 
@@ -162,8 +171,11 @@ typedef struct {
 /* Monotonic seconds. */
 double msv_now(void);
 
-/* CPU seconds of the watched processes of one label; NAN if one is gone. */
-double msv_watch_cpu(const msv_watch_t *w);
+/*
+ * CPU seconds of the watched processes of one label (their system time and
+ * minor page faults in *st unless NULL); NAN if one is gone.
+ */
+double msv_watch_cpu(const msv_watch_t *w, msv_proc_stat_t *st);
 
 /* Resident memory of the watched processes of one label, summed (kB):
  * now and their peaks.  -1 in both if one is gone. */

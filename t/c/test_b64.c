@@ -4,7 +4,10 @@
  *
  *   - RFC 4648's test vectors;
  *   - random data fed in random pieces (as rows arrive) against a plain
- *     one-shot reference encoder, and the store bound of every piece;
+ *     one-shot reference encoder, and the store bound of every piece,
+ *     through the portable code and, where the CPU has it, the vector
+ *     path (msv_b64_simd); every length from 0 to 100 at every carry
+ *     and source alignment, the same both ways;
  *   - decoding round trips, and every kind of malformed text rejected.
  *
  * MSV_TEST_SEED (environment) changes the random seed.
@@ -77,48 +80,25 @@ enc_all(const void *in, size_t n, char *out)
 }
 
 
-int
-main(void)
-{
-    static const char  *rfc[][2] = {
-        { "", "" }, { "f", "Zg==" }, { "fo", "Zm8=" }, { "foo", "Zm9v" },
-        { "foob", "Zm9vYg==" }, { "fooba", "Zm9vYmE=" },
-        { "foobar", "Zm9vYmFy" }
-    };
-    static const char  *bad[] = {
-        "Zg=", "Zg", "Z===", "Zg==Zg==", "Zh==", "Zm9=", "Zm=v", "Zm9v!A==",
-        "Zm9v\nA==", "====", "Zm 9"
-    };
+/*
+ * 2000 random buffers (lengths below 101 for the first 1000, then up to
+ * 60000) fed in random pieces, against the reference.
+ */
 
-    char      *out, *ref, *p, *end;
+static void
+random_rounds(uint8_t *in, uint8_t *back, char *out, char *ref,
+    const char *path)
+{
     long       dn;
-    size_t     i, k, n, len, piece, rlen;
-    uint8_t   *in, *back;
+    char      *p, *end;
+    size_t     i, n, len, piece, rlen;
     unsigned   rounds, bad_enc, bad_bound, bad_dec;
     msv_b64_t  s;
-
-    rng_state = getenv("MSV_TEST_SEED") ? strtoull(getenv("MSV_TEST_SEED"),
-                                                   NULL, 0)
-                                        : 0x6b36340aULL;
-    tap_diag("seed %llu", (unsigned long long) rng_state);
-
-    for (i = 0; i < sizeof(rfc) / sizeof(rfc[0]); i++) {
-        char  buf[32];
-
-        n = enc_all(rfc[i][0], strlen(rfc[i][0]), buf);
-        tap_ok(n == strlen(rfc[i][1]) && memcmp(buf, rfc[i][1], n) == 0,
-               "RFC 4648 vector \"%s\" -> \"%s\"", rfc[i][0], rfc[i][1]);
-    }
-
-    in = malloc(1 << 16);
-    back = malloc(1 << 16);
-    out = malloc((1 << 16) / 3 * 4 + 64);
-    ref = malloc((1 << 16) / 3 * 4 + 64);
 
     bad_enc = bad_bound = bad_dec = 0;
 
     for (rounds = 0; rounds < 2000; rounds++) {
-        n = rng_next() % (rounds < 1000 ? 64 : 60000);
+        n = rng_next() % (rounds < 1000 ? 101 : 60000);
 
         for (i = 0; i < n; i++) {
             in[i] = (uint8_t) rng_next();
@@ -156,8 +136,8 @@ main(void)
             || memcmp(out, ref, len) != 0)
         {
             if (bad_enc++ < 3) {
-                tap_diag("round %u: %zu bytes encoded to %zu chars, "
-                         "reference %zu", rounds, n, len, rlen);
+                tap_diag("%s, round %u: %zu bytes encoded to %zu chars, "
+                         "reference %zu", path, rounds, n, len, rlen);
             }
         }
 
@@ -167,12 +147,110 @@ main(void)
         }
     }
 
-    tap_ok(bad_enc == 0, "2000 random buffers fed in random pieces encode "
-           "as the one-shot reference (%u differ)", bad_enc);
-    tap_ok(bad_bound == 0, "no piece writes more than msv_b64_put_max (%u "
-           "did)", bad_bound);
-    tap_ok(bad_dec == 0, "every encoding decodes back to its bytes (%u "
-           "did not)", bad_dec);
+    tap_ok(bad_enc == 0, "%s: 2000 random buffers fed in random pieces "
+           "encode as the one-shot reference (%u differ)", path, bad_enc);
+    tap_ok(bad_bound == 0, "%s: no piece writes more than msv_b64_put_max "
+           "(%u did)", path, bad_bound);
+    tap_ok(bad_dec == 0, "%s: every encoding decodes back to its bytes (%u "
+           "did not)", path, bad_dec);
+}
+
+
+/*
+ * Every length 0..100 of random bytes, put in one piece after a carry of
+ * 0, 1 or 2 bytes, from each of 8 source alignments: the steps of 6 and
+ * 24 bytes and the group-by-group tail all meet the carry somewhere.
+ */
+
+static void
+every_length(uint8_t *in, char *out, char *ref, const char *path)
+{
+    char      *p;
+    size_t     i, n, c, a, len, rlen;
+    unsigned   bad;
+    msv_b64_t  s;
+
+    bad = 0;
+
+    for (n = 0; n <= 100; n++) {
+        for (c = 0; c < 3; c++) {
+            for (a = 0; a < 8; a++) {
+                for (i = 0; i < c + n + a; i++) {
+                    in[i] = (uint8_t) rng_next();
+                }
+
+                /* the carry's bytes sit just before the piece */
+                msv_b64_init(&s);
+                p = msv_b64_put(&s, out, in + a, c);
+                p = msv_b64_put(&s, p, in + a + c, n);
+                p = msv_b64_end(&s, p);
+                len = p - out;
+
+                rlen = ref_encode(in + a, c + n, ref);
+                if (len != rlen || memcmp(out, ref, len) != 0) {
+                    if (bad++ < 3) {
+                        tap_diag("%s: %zu bytes after a carry of %zu at "
+                                 "offset %zu differ", path, n, c, a);
+                    }
+                }
+            }
+        }
+    }
+
+    tap_ok(bad == 0, "%s: lengths 0..100 after every carry, from every "
+           "alignment, encode as the reference (%u differ)", path, bad);
+}
+
+
+int
+main(void)
+{
+    static const char  *rfc[][2] = {
+        { "", "" }, { "f", "Zg==" }, { "fo", "Zm8=" }, { "foo", "Zm9v" },
+        { "foob", "Zm9vYg==" }, { "fooba", "Zm9vYmE=" },
+        { "foobar", "Zm9vYmFy" }
+    };
+    static const char  *bad[] = {
+        "Zg=", "Zg", "Z===", "Zg==Zg==", "Zh==", "Zm9=", "Zm=v", "Zm9v!A==",
+        "Zm9v\nA==", "====", "Zm 9"
+    };
+
+    int        simd;
+    char      *out, *ref;
+    long       dn;
+    size_t     i, k, n, len;
+    uint8_t   *in, *back;
+    msv_b64_t  s;
+
+    rng_state = getenv("MSV_TEST_SEED") ? strtoull(getenv("MSV_TEST_SEED"),
+                                                   NULL, 0)
+                                        : 0x6b36340aULL;
+    tap_diag("seed %llu", (unsigned long long) rng_state);
+
+    for (i = 0; i < sizeof(rfc) / sizeof(rfc[0]); i++) {
+        char  buf[32];
+
+        n = enc_all(rfc[i][0], strlen(rfc[i][0]), buf);
+        tap_ok(n == strlen(rfc[i][1]) && memcmp(buf, rfc[i][1], n) == 0,
+               "RFC 4648 vector \"%s\" -> \"%s\"", rfc[i][0], rfc[i][1]);
+    }
+
+    in = malloc(1 << 16);
+    back = malloc(1 << 16);
+    out = malloc((1 << 16) / 3 * 4 + 64);
+    ref = malloc((1 << 16) / 3 * 4 + 64);
+
+    for (simd = 0; simd < 2; simd++) {
+        if (msv_b64_simd(simd) != simd) {
+            tap_diag("no vector path on this CPU: the portable code only");
+            continue;
+        }
+
+        random_rounds(in, back, out, ref, simd ? "vector" : "portable");
+        every_length(in, out, ref, simd ? "vector" : "portable");
+    }
+
+    msv_b64_simd(1);
 
     /* the bound msv_b64_fits promises, whatever the carry */
     k = 0;
