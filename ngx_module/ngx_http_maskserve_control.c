@@ -92,8 +92,6 @@ static ngx_int_t ngx_http_maskserve_cmd_answer(
 static void ngx_http_maskserve_ctl_fail(ngx_http_request_t *r,
     ngx_http_maskserve_err_t *err);
 static ngx_int_t ngx_http_maskserve_ctl_get(ngx_http_request_t *r);
-static ngx_int_t ngx_http_maskserve_send_text(ngx_http_request_t *r,
-    ngx_buf_t *b);
 static u_char *ngx_http_maskserve_metrics_region(u_char *p,
     ngx_http_maskserve_region_t *rg, ngx_uint_t section);
 
@@ -1470,6 +1468,8 @@ static ngx_http_maskserve_metric_t  ngx_http_maskserve_metrics[] = {
 ngx_int_t
 ngx_http_maskserve_metrics_handler(ngx_http_request_t *r)
 {
+    static ngx_str_t                 type =
+        ngx_string("text/plain; version=0.0.4; charset=utf-8");
     u_char                          *p;
     size_t                           len;
     ngx_int_t                        rc;
@@ -1528,7 +1528,7 @@ ngx_http_maskserve_metrics_handler(ngx_http_request_t *r)
 
     b->last = p;
 
-    return ngx_http_maskserve_send_text(r, b);
+    return ngx_http_maskserve_send_buf(r, NGX_HTTP_OK, &type, b);
 }
 
 
@@ -1703,31 +1703,3 @@ ngx_http_maskserve_metrics_region(u_char *p, ngx_http_maskserve_region_t *rg,
     return ngx_sprintf(p, "%s{worker=\"%V\"} %uL\n", name, w, v);
 }
 
-
-static ngx_int_t
-ngx_http_maskserve_send_text(ngx_http_request_t *r, ngx_buf_t *b)
-{
-    ngx_int_t    rc;
-    ngx_chain_t  out;
-
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type,
-                "text/plain; version=0.0.4; charset=utf-8");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
-}

@@ -125,12 +125,22 @@ ngx_int_t
 ngx_http_maskserve_send_json(ngx_http_request_t *r, ngx_uint_t status,
     ngx_buf_t *b)
 {
+    static ngx_str_t  json = ngx_string("application/json");
+
+    return ngx_http_maskserve_send_buf(r, status, &json, b);
+}
+
+
+ngx_int_t
+ngx_http_maskserve_send_buf(ngx_http_request_t *r, ngx_uint_t status,
+    ngx_str_t *type, ngx_buf_t *b)
+{
     ngx_int_t    rc;
     ngx_chain_t  out;
 
     r->headers_out.status = status;
     r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type = *type;
     r->headers_out.content_type_len = r->headers_out.content_type.len;
     r->headers_out.content_type_lowcase = NULL;
 

@@ -28,6 +28,11 @@ ngx_http_maskserve_region_t *ngx_http_maskserve_loc_region(
 ngx_int_t ngx_http_maskserve_send_json(ngx_http_request_t *r,
     ngx_uint_t status, ngx_buf_t *b);
 
+/* Send b whole, with this status and content type (a string that
+ * outlives the request); what finalize expects. */
+ngx_int_t ngx_http_maskserve_send_buf(ngx_http_request_t *r,
+    ngx_uint_t status, ngx_str_t *type, ngx_buf_t *b);
+
 /* Send a JSON error answer and return what finalize expects. */
 ngx_int_t ngx_http_maskserve_send_error(ngx_http_request_t *r,
     ngx_http_maskserve_err_t *err);
