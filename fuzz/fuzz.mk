@@ -46,9 +46,9 @@ $(FUZZ_B)/fuzz_safetensors: fuzz/fuzz_safetensors.c worker/safetensors.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lyajl -lm
 
-$(FUZZ_B)/fuzz_b64: fuzz/fuzz_b64.c ngx_module/msv_b64.c
+$(FUZZ_B)/fuzz_b64: fuzz/fuzz_b64.c ngx_module/msv_b64.c t/c/b64_ref.h
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -It/c -o $@ $(filter %.c,$^)
 
 $(NGX_OBJS)/ngx_auto_config.h:
 	+sh tools/build-module.sh $(B)/nginx
