@@ -71,6 +71,8 @@ typedef struct {
 static ngx_int_t ngx_http_maskserve_ctl_start(ngx_http_request_t *r,
     ngx_http_client_body_handler_pt handler);
 static void ngx_http_maskserve_pause_body(ngx_http_request_t *r);
+static void ngx_http_maskserve_empty_body(ngx_http_request_t *r,
+    uint32_t op);
 static void ngx_http_maskserve_resume_body(ngx_http_request_t *r);
 static void ngx_http_maskserve_flush_body(ngx_http_request_t *r);
 static void ngx_http_maskserve_abort_requests_body(ngx_http_request_t *r);
@@ -221,8 +223,9 @@ bad:
 }
 
 
+/* A command whose body is {} (no field allowed). */
 static void
-ngx_http_maskserve_resume_body(ngx_http_request_t *r)
+ngx_http_maskserve_empty_body(ngx_http_request_t *r, uint32_t op)
 {
     yajl_val                  v;
     ngx_http_maskserve_err_t  err;
@@ -236,26 +239,21 @@ ngx_http_maskserve_resume_body(ngx_http_request_t *r)
         return;
     }
 
-    ngx_http_maskserve_cmd_send(r, MSV_OP_RESUME, 0, NULL, NULL);
+    ngx_http_maskserve_cmd_send(r, op, 0, NULL, NULL);
+}
+
+
+static void
+ngx_http_maskserve_resume_body(ngx_http_request_t *r)
+{
+    ngx_http_maskserve_empty_body(r, MSV_OP_RESUME);
 }
 
 
 static void
 ngx_http_maskserve_flush_body(ngx_http_request_t *r)
 {
-    yajl_val                  v;
-    ngx_http_maskserve_err_t  err;
-
-    ngx_memzero(&err, sizeof(ngx_http_maskserve_err_t));
-
-    v = ngx_http_maskserve_ctl_json(r, &err);
-    if (v == NULL || ngx_http_maskserve_ctl_only(r, v, NULL, &err) != NGX_OK)
-    {
-        ngx_http_maskserve_ctl_fail(r, &err);
-        return;
-    }
-
-    ngx_http_maskserve_cmd_send(r, MSV_OP_FLUSH_CACHE, 0, NULL, NULL);
+    ngx_http_maskserve_empty_body(r, MSV_OP_FLUSH_CACHE);
 }
 
 
