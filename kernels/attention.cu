@@ -965,6 +965,41 @@ attention_part_floats(uint32_t n_tokens, uint32_t n_heads, uint32_t head_dim,
 }
 
 
+/*
+ * The form of a batch whose splits would take `blocks` blocks each: 1 for
+ * parallel (a block per split, then the merge), 0 for serial, -1 when
+ * MSV_ATTN_PARALLEL is asked for and the workspace cannot hold it.
+ */
+static int
+msv_attn_parallel(const struct msv_attn_args *a, uint32_t S, uint32_t blocks)
+{
+    int  parallel;
+
+    parallel = S > 1 && a->part != NULL
+               && attention_part_floats(a->n_tokens, a->n_heads,
+                                        a->head_dim, a->max_ctx)
+                  <= a->part_floats;
+    if (a->mode == MSV_ATTN_PARALLEL && !parallel && S > 1) {
+        return -1;
+    }
+    if (a->mode == MSV_ATTN_FOLD
+        || (a->mode == MSV_ATTN_AUTO && blocks >= MSV_ATTN_WIDE))
+    {
+        parallel = 0;
+    }
+    return parallel;
+}
+
+
+/* The parallel form's second kernel: each token's splits folded. */
+static void
+msv_attn_merge(const struct msv_attn_args *a, uint32_t S, cudaStream_t stream)
+{
+    attention_merge_kernel<<<dim3(a->n_tokens, a->n_heads),
+                             a->head_dim < 128 ? 64 : 128, 0, stream>>>(*a, S);
+}
+
+
 /* The tensor-core form: one block per (token, kv head), per split in the
  * parallel form. */
 static cudaError_t
@@ -992,18 +1027,9 @@ attention_mma_forward(const struct msv_attn_args *a, cudaStream_t stream)
     } while (0)
 
     S = MSV_CEIL_DIV(a->max_ctx, (uint32_t) MSV_ATTN_SPLIT);
-    parallel = S > 1 && a->part != NULL
-               && attention_part_floats(a->n_tokens, a->n_heads,
-                                        a->head_dim, a->max_ctx)
-                  <= a->part_floats;
-    if (a->mode == MSV_ATTN_PARALLEL && !parallel && S > 1) {
+    parallel = msv_attn_parallel(a, S, a->n_tokens * a->n_kv_heads);
+    if (parallel < 0) {
         return cudaErrorInvalidValue;
-    }
-    if (a->mode == MSV_ATTN_FOLD
-        || (a->mode == MSV_ATTN_AUTO
-            && a->n_tokens * a->n_kv_heads >= MSV_ATTN_WIDE))
-    {
-        parallel = 0;
     }
 
     grid = dim3(a->n_tokens, a->n_kv_heads, parallel ? S : 1);
@@ -1027,9 +1053,7 @@ attention_mma_forward(const struct msv_attn_args *a, cudaStream_t stream)
 #undef MSV_ATTN_MMA
 
     if (parallel) {
-        attention_merge_kernel<<<dim3(a->n_tokens, a->n_heads),
-                                 a->head_dim < 128 ? 64 : 128, 0, stream>>>(
-            *a, S);
+        msv_attn_merge(a, S, stream);
     }
     return cudaGetLastError();
 }
@@ -1062,17 +1086,9 @@ attention_forward(const struct msv_attn_args *a, cudaStream_t stream)
     S = MSV_CEIL_DIV(a->max_ctx, (uint32_t) MSV_ATTN_SPLIT);
     blocks = a->n_tokens * a->n_kv_heads * n_groups;
 
-    parallel = S > 1 && a->part != NULL
-               && attention_part_floats(a->n_tokens, a->n_heads,
-                                        a->head_dim, a->max_ctx)
-                  <= a->part_floats;
-    if (a->mode == MSV_ATTN_PARALLEL && !parallel && S > 1) {
+    parallel = msv_attn_parallel(a, S, blocks);
+    if (parallel < 0) {
         return cudaErrorInvalidValue;
-    }
-    if (a->mode == MSV_ATTN_FOLD
-        || (a->mode == MSV_ATTN_AUTO && blocks >= MSV_ATTN_WIDE))
-    {
-        parallel = 0;
     }
 
     grid = dim3(a->n_tokens, a->n_kv_heads * n_groups, parallel ? S : 1);
@@ -1116,9 +1132,7 @@ attention_forward(const struct msv_attn_args *a, cudaStream_t stream)
     }
 
     if (parallel) {
-        attention_merge_kernel<<<dim3(a->n_tokens, a->n_heads),
-                                 a->head_dim < 128 ? 64 : 128, 0, stream>>>(
-            *a, S);
+        msv_attn_merge(a, S, stream);
     }
     return cudaGetLastError();
 }
