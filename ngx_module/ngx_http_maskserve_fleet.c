@@ -157,7 +157,6 @@ static void ngx_http_maskserve_fleet_owner_cleanup(void *data);
 static void ngx_http_maskserve_fleet_fail(ngx_http_request_t *r,
     ngx_uint_t status, const char *param, u_char *msg, size_t len);
 static u_char *ngx_http_maskserve_fleet_json_str(u_char *p, ngx_str_t *s);
-static u_char *ngx_http_maskserve_fleet_json_escape(u_char *p, ngx_str_t *s);
 static ngx_int_t ngx_http_maskserve_fleet_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 
@@ -1409,7 +1408,7 @@ ngx_http_maskserve_fleet_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
                    sizeof("data: {\"error\":{\"message\":\"the GPU host ") - 1);
 
     if (peer) {
-        p = ngx_http_maskserve_fleet_json_escape(p, peer);
+        p = ngx_http_maskserve_json_escape(p, peer->data, peer->len, 1);
         *p++ = ' ';
     }
 
@@ -1538,31 +1537,8 @@ static u_char *
 ngx_http_maskserve_fleet_json_str(u_char *p, ngx_str_t *s)
 {
     *p++ = '"';
-    p = ngx_http_maskserve_fleet_json_escape(p, s);
+    p = ngx_http_maskserve_json_escape(p, s->data, s->len, 1);
     *p++ = '"';
-
-    return p;
-}
-
-
-/* the inside of a JSON string: control bytes, quotes, backslashes escaped */
-static u_char *
-ngx_http_maskserve_fleet_json_escape(u_char *p, ngx_str_t *s)
-{
-    size_t  i;
-
-    for (i = 0; i < s->len; i++) {
-        if (s->data[i] < 0x20 || s->data[i] == 0x7f || s->data[i] >= 0x80) {
-            p = ngx_sprintf(p, "\\u%04xd", (int) s->data[i]);
-
-        } else if (s->data[i] == '"' || s->data[i] == '\\') {
-            *p++ = '\\';
-            *p++ = s->data[i];
-
-        } else {
-            *p++ = s->data[i];
-        }
-    }
 
     return p;
 }

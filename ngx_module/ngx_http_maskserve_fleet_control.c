@@ -61,8 +61,6 @@ static ngx_int_t ngx_http_maskserve_fleet_control_answer(
     ngx_http_maskserve_fanout_t *fo);
 static void ngx_http_maskserve_fleet_control_fail(ngx_http_request_t *r,
     ngx_uint_t status, u_char *msg, size_t len);
-static u_char *ngx_http_maskserve_fanout_escape(u_char *p, u_char *s,
-    size_t len);
 static void ngx_http_maskserve_fanout_message(ngx_http_request_t *r,
     ngx_http_maskserve_fanout_host_t *h, ngx_str_t *out);
 
@@ -428,11 +426,11 @@ ngx_http_maskserve_fleet_control_answer(ngx_http_maskserve_fanout_t *fo)
         }
 
         p = ngx_cpymem(p, "{\"host\":\"", sizeof("{\"host\":\"") - 1);
-        p = ngx_http_maskserve_fanout_escape(p, h->target.name.data,
-                                             h->target.name.len);
+        p = ngx_http_maskserve_json_escape(p, h->target.name.data,
+                                           h->target.name.len, 0);
         p = ngx_cpymem(p, "\",\"address\":\"", sizeof("\",\"address\":\"") - 1);
-        p = ngx_http_maskserve_fanout_escape(p, h->target.addr.data,
-                                             h->target.addr.len);
+        p = ngx_http_maskserve_json_escape(p, h->target.addr.data,
+                                           h->target.addr.len, 0);
         p = ngx_sprintf(p, "\",\"state\":\"%s\",\"status\":%ui,\"ok\":%s,"
                         "\"response\":", h->target.state, h->status,
                         (h->status >= 200 && h->status < 300
@@ -447,8 +445,8 @@ ngx_http_maskserve_fleet_control_answer(ngx_http_maskserve_fanout_t *fo)
 
         if (h->error) {
             p = ngx_cpymem(p, ",\"error\":\"", sizeof(",\"error\":\"") - 1);
-            p = ngx_http_maskserve_fanout_escape(p, (u_char *) h->error,
-                                                 ngx_strlen(h->error));
+            p = ngx_http_maskserve_json_escape(p, (u_char *) h->error,
+                                               ngx_strlen(h->error), 0);
             *p++ = '"';
         }
 
@@ -470,8 +468,8 @@ ngx_http_maskserve_fleet_control_answer(ngx_http_maskserve_fanout_t *fo)
         }
 
         *p++ = '"';
-        p = ngx_http_maskserve_fanout_escape(p, h->target.name.data,
-                                             h->target.name.len);
+        p = ngx_http_maskserve_json_escape(p, h->target.name.data,
+                                           h->target.name.len, 0);
         *p++ = '"';
     }
 
@@ -507,18 +505,18 @@ ngx_http_maskserve_fleet_control_answer(ngx_http_maskserve_fanout_t *fo)
         }
 
         p = ngx_cpymem(p, failed++ ? "; " : ": ", 2);
-        p = ngx_http_maskserve_fanout_escape(p, h->target.name.data,
-                                             h->target.name.len);
+        p = ngx_http_maskserve_json_escape(p, h->target.name.data,
+                                           h->target.name.len, 0);
         p = ngx_cpymem(p, " (", 2);
-        p = ngx_http_maskserve_fanout_escape(p, h->target.addr.data,
-                                             h->target.addr.len);
+        p = ngx_http_maskserve_json_escape(p, h->target.addr.data,
+                                           h->target.addr.len, 0);
         p = ngx_sprintf(p, ") %ui", h->status);
 
         ngx_http_maskserve_fanout_message(fo->r, h, &msg);
 
         if (msg.len) {
             p = ngx_cpymem(p, " ", 1);
-            p = ngx_http_maskserve_fanout_escape(p, msg.data, msg.len);
+            p = ngx_http_maskserve_json_escape(p, msg.data, msg.len, 0);
         }
     }
 
@@ -588,29 +586,6 @@ ngx_http_maskserve_fleet_control_fail(ngx_http_request_t *r,
                                  NULL, msg, len);
 
     ngx_http_finalize_request(r, ngx_http_maskserve_send_error(r, &err));
-}
-
-
-/* the inside of a JSON string: control bytes, quotes, backslashes escaped */
-static u_char *
-ngx_http_maskserve_fanout_escape(u_char *p, u_char *s, size_t len)
-{
-    size_t  i;
-
-    for (i = 0; i < len; i++) {
-        if (s[i] < 0x20 || s[i] == 0x7f) {
-            p = ngx_sprintf(p, "\\u%04xd", (int) s[i]);
-
-        } else if (s[i] == '"' || s[i] == '\\') {
-            *p++ = '\\';
-            *p++ = s[i];
-
-        } else {
-            *p++ = s[i];
-        }
-    }
-
-    return p;
 }
 
 

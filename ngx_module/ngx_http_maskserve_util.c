@@ -158,3 +158,26 @@ ngx_http_maskserve_send_buf(ngx_http_request_t *r, ngx_uint_t status,
 
     return ngx_http_output_filter(r, &out);
 }
+
+
+u_char *
+ngx_http_maskserve_json_escape(u_char *p, u_char *s, size_t len,
+    ngx_uint_t ascii)
+{
+    size_t  i;
+
+    for (i = 0; i < len; i++) {
+        if (s[i] < 0x20 || s[i] == 0x7f || (ascii && s[i] >= 0x80)) {
+            p = ngx_sprintf(p, "\\u%04xd", (int) s[i]);
+
+        } else if (s[i] == '"' || s[i] == '\\') {
+            *p++ = '\\';
+            *p++ = s[i];
+
+        } else {
+            *p++ = s[i];
+        }
+    }
+
+    return p;
+}

@@ -33,6 +33,12 @@ ngx_int_t ngx_http_maskserve_send_json(ngx_http_request_t *r,
 ngx_int_t ngx_http_maskserve_send_buf(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *type, ngx_buf_t *b);
 
+/* The inside of a JSON string: control bytes, DEL, quotes and backslashes
+ * escaped, and with ascii every byte >= 0x80 too (as \u00XX); at most 6
+ * bytes out for each byte in. */
+u_char *ngx_http_maskserve_json_escape(u_char *p, u_char *s, size_t len,
+    ngx_uint_t ascii);
+
 /* Send a JSON error answer and return what finalize expects. */
 ngx_int_t ngx_http_maskserve_send_error(ngx_http_request_t *r,
     ngx_http_maskserve_err_t *err);
