@@ -37,18 +37,37 @@ static_assert(MSV_KV_BLOCK <= 32, "one lane per key of a page");
 
 
 /* Fold the partial state (m, l, acc) into (M, L, A).  Explicit roundings
- * (no contraction) so every kernel that folds gets the same bits. */
+ * (no contraction) so every kernel that folds gets the same bits.  The
+ * factors depend on the head alone (M, L, m, l are per head): a kernel may
+ * take them once a head (msv_attn_fold_scale) and apply them to each
+ * element (msv_attn_fold_out) with the same result bit for bit. */
+static __device__ __forceinline__ void
+msv_attn_fold_scale(float *M, float *L, float m, float l, float *fa,
+    float *fb)
+{
+    float  mn;
+
+    mn = fmaxf(*M, m);
+    *fa = expf(*M - mn);               /* *M = -inf at first: fa = 0 */
+    *fb = expf(m - mn);
+    *L = __fadd_rn(__fmul_rn(*L, *fa), __fmul_rn(l, *fb));
+    *M = mn;
+}
+
+/* An output element of the fold, with msv_attn_fold_scale's factors. */
+static __device__ __forceinline__ float
+msv_attn_fold_out(float A, float acc, float fa, float fb)
+{
+    return __fadd_rn(__fmul_rn(A, fa), __fmul_rn(acc, fb));
+}
+
 static __device__ __forceinline__ void
 msv_attn_fold(float *M, float *L, float *A, float m, float l, float acc)
 {
-    float  mn, a, b;
+    float  fa, fb;
 
-    mn = fmaxf(*M, m);
-    a = expf(*M - mn);                 /* *M = -inf at first: a = 0 */
-    b = expf(m - mn);
-    *L = __fadd_rn(__fmul_rn(*L, a), __fmul_rn(l, b));
-    *A = __fadd_rn(__fmul_rn(*A, a), __fmul_rn(acc, b));
-    *M = mn;
+    msv_attn_fold_scale(M, L, m, l, &fa, &fb);
+    *A = msv_attn_fold_out(*A, acc, fa, fb);
 }
 
 
@@ -570,7 +589,8 @@ attention_vec_kernel(struct msv_attn_args a, uint32_t n_groups, uint32_t S)
  * Each warp leaves its page's (max, sum, output) in its stage; the block
  * folds the split's pages in page order, then the split into the token's
  * state (serial form) or the workspace (parallel form), in split order as
- * everywhere in this file.  The page and split arithmetic is the same in
+ * everywhere in this file.  The fold's factors (two expf) are taken once a
+ * head, not once an element.  The page and split arithmetic is the same in
  * both forms, so the forms give the same bits.
  */
 #define MSV_ATTN_MMA_WARPS  (MSV_ATTN_SPLIT / MSV_KV_BLOCK)
@@ -674,8 +694,11 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
                               nt, hr;
     int                       three;
     int32_t                   poff;
-    float                     sc[2][4], o[HD / 8][4], M[PER], L[PER],
-                              A[PER], x[4], hi, lo, v[4], mx, l, ms, ls, as;
+    __shared__ float          fs[MSV_ATTN_MMA_WARPS + 1][2]
+                                [MSV_ATTN_MMA_HEADS];  /* fold factors */
+    __shared__ float          tl[MSV_ATTN_MMA_HEADS];  /* token sums */
+    float                     sc[2][4], o[HD / 8][4], A[PER], x[4], hi, lo,
+                              v[4], mx, l, ms, ls, as, mt, lt;
     size_t                    wp;
 
     t = blockIdx.x;
@@ -729,10 +752,11 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
 
 #pragma unroll
     for (i = 0; i < PER; i++) {
-        M[i] = -INFINITY;
-        L[i] = 0.0f;
         A[i] = 0.0f;
     }
+    mt = -INFINITY;                    /* the token's state, thread g < ng
+                                          for head g */
+    lt = 0.0f;
 
     sm = (__nv_bfloat16 *) smq;
     poff = a.kv.page_off[a.kv.tok_seq[t]];
@@ -874,8 +898,33 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
         }
         __syncthreads();               /* every page's state is written */
 
+        /* the fold's factors, once a head: the split's pages in page
+         * order, then the split into the token's state */
         np = MSV_CEIL_DIV(min((s + 1) * MSV_ATTN_SPLIT, nkeys)
                           - s * MSV_ATTN_SPLIT, (uint32_t) MSV_KV_BLOCK);
+        if (tid < ng) {
+            ms = -INFINITY;
+            ls = 0.0f;
+            for (w = 0; w < np; w++) {
+                sf = (float *) (sm + ((size_t) w * 2 + cur) * SB);
+                stm = sf + MSV_ATTN_MMA_HEADS * RS;
+                stl = stm + MSV_ATTN_MMA_HEADS;
+                msv_attn_fold_scale(&ms, &ls, stm[tid], stl[tid],
+                                    &fs[w][0][tid], &fs[w][1][tid]);
+            }
+            if (gridDim.z == 1) {
+                msv_attn_fold_scale(&mt, &lt, ms, ls,
+                                    &fs[MSV_ATTN_MMA_WARPS][0][tid],
+                                    &fs[MSV_ATTN_MMA_WARPS][1][tid]);
+                tl[tid] = lt;
+            } else {
+                wp = (((size_t) t * a.n_heads + h0 + tid) * S + s) * (HD + 2);
+                a.part[wp + HD] = ms;
+                a.part[wp + HD + 1] = ls;
+            }
+        }
+        __syncthreads();               /* the factors are there */
+
 #pragma unroll
         for (i = 0; i < PER; i++) {
             e = tid + i * MSV_ATTN_THREADS;
@@ -884,24 +933,19 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             }
             g = e / HD;
             d = e % HD;
-            ms = -INFINITY;
-            ls = 0.0f;
             as = 0.0f;
             for (w = 0; w < np; w++) {
                 sf = (float *) (sm + ((size_t) w * 2 + cur) * SB);
-                stm = sf + MSV_ATTN_MMA_HEADS * RS;
-                stl = stm + MSV_ATTN_MMA_HEADS;
-                msv_attn_fold(&ms, &ls, &as, stm[g], stl[g], sf[g * RS + d]);
+                as = msv_attn_fold_out(as, sf[g * RS + d], fs[w][0][g],
+                                       fs[w][1][g]);
             }
             if (gridDim.z == 1) {
-                msv_attn_fold(&M[i], &L[i], &A[i], ms, ls, as);
+                A[i] = msv_attn_fold_out(A[i], as,
+                                         fs[MSV_ATTN_MMA_WARPS][0][g],
+                                         fs[MSV_ATTN_MMA_WARPS][1][g]);
             } else {
                 wp = (((size_t) t * a.n_heads + h0 + g) * S + s) * (HD + 2);
                 a.part[wp + d] = as;
-                if (d == 0) {
-                    a.part[wp + HD] = ms;
-                    a.part[wp + HD + 1] = ls;
-                }
             }
         }
 
@@ -920,7 +964,7 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             if (e < ng * HD) {
                 msv_store_act(a.out, a.out_fmt, a.n_tokens, t,
                               (size_t) a.n_heads * HD,
-                              (size_t) h0 * HD + e, A[i] / L[i]);
+                              (size_t) h0 * HD + e, A[i] / tl[e / HD]);
             }
         }
     }
