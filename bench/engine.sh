@@ -202,6 +202,16 @@ for b in (1, 64, 256):
               m("gemm_ms"), m("attn_ms"), m("other_ms"), m("copy_ms"),
               m("host_ms")))
 print()
+print("%-6s %9s %9s %9s %9s   (other kernels of the detail steps, median ms)"
+      % ("batch", "norm", "rope", "silu", "embed"))
+for b in (1, 64, 256):
+    d = [x for x in steps(f"b{b}") if x["seqs"] == b and x["tokens"] == b
+         and x["detail"] == 1 and "norm_ms" in x]
+    if d:
+        m = lambda k: st.median(x[k] for x in d)
+        print("%-6d %9.3f %9.3f %9.3f %9.3f" % (b, m("norm_ms"),
+              m("rope_ms"), m("silu_ms"), m("embed_ms")))
+print()
 for lab in ("p256x128", "p1x8192"):
     r = [x for x in steps(lab) if x["tokens"] > x["seqs"]]
     tok = sum(x["tokens"] for x in r)

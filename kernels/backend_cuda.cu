@@ -44,9 +44,13 @@
 /* timing categories */
 #define MSV_TM_GEMM      0
 #define MSV_TM_ATTN      1
-#define MSV_TM_OTHER     2
+#define MSV_TM_OTHER     2             /* the sum of the four below */
 #define MSV_TM_COPY      3
-#define MSV_TM_CATS      4
+#define MSV_TM_NORM      4             /* RMSNorm */
+#define MSV_TM_ROPE      5             /* q/k norm + RoPE + KV store */
+#define MSV_TM_SILU      6             /* SiLU(gate) * up */
+#define MSV_TM_EMBED     7             /* the embedding gather */
+#define MSV_TM_CATS      8
 
 struct msv_cuda_graph {
     uint32_t          cap;             /* tokens, padded */
@@ -1276,17 +1280,21 @@ msv_cuda_timing_line(struct msv_backend *b, uint32_t n_seqs, uint32_t T,
             cat[b->tm_cat[i]] += f;
         }
     }
+    cat[MSV_TM_OTHER] += cat[MSV_TM_NORM] + cat[MSV_TM_ROPE]
+                         + cat[MSV_TM_SILU] + cat[MSV_TM_EMBED];
     ms = 1e-6;
     fprintf(b->tm_file, "step %llu seqs %u tokens %u max_ctx %u graph %d "
             "detail %d "
             "gap_ms %.4f host_ms %.4f gpu_ms %.4f wall_ms %.4f "
-            "gemm_ms %.4f attn_ms %.4f other_ms %.4f copy_ms %.4f\n",
+            "gemm_ms %.4f attn_ms %.4f other_ms %.4f copy_ms %.4f "
+            "norm_ms %.4f rope_ms %.4f silu_ms %.4f embed_ms %.4f\n",
             (unsigned long long) b->tm_step++, n_seqs, T, max_ctx, graph,
             b->tm_on,
             b->tm_last_out != 0 ? (double) (t_in - b->tm_last_out) * ms : 0.0,
             (double) (t_launch - t_in) * ms, gpu,
             (double) (t_out - t_in) * ms, cat[MSV_TM_GEMM], cat[MSV_TM_ATTN],
-            cat[MSV_TM_OTHER], cat[MSV_TM_COPY]);
+            cat[MSV_TM_OTHER], cat[MSV_TM_COPY], cat[MSV_TM_NORM],
+            cat[MSV_TM_ROPE], cat[MSV_TM_SILU], cat[MSV_TM_EMBED]);
     b->tm_last_out = msv_cuda_now_ns();
 }
 
@@ -1313,7 +1321,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, NULL, L->attn_norm, n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
-    msv_cuda_mark(b, MSV_TM_OTHER);
+    msv_cuda_mark(b, MSV_TM_NORM);
     if (linear_forward(b->cublas, &L->qkv, b->act, f, n, b->slice, b->qkv, 0, b->tmp,
                        b->stream, err, errlen) != 0)
     {
@@ -1336,7 +1344,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     qa.kv.k_cache = (char *) b->kv + (size_t) l * 2 * kv_bytes;
     qa.kv.v_cache = (char *) qa.kv.k_cache + kv_bytes;
     MSV_CUDA_TRY(qkv_rope_forward(&qa, b->stream), err, errlen);
-    msv_cuda_mark(b, MSV_TM_OTHER);
+    msv_cuda_mark(b, MSV_TM_ROPE);
 
     /* attention writes the o product's input format directly */
     f = msv_act_fmt_for(&L->o, b->split);
@@ -1370,7 +1378,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, NULL, L->ffn_norm, n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
-    msv_cuda_mark(b, MSV_TM_OTHER);
+    msv_cuda_mark(b, MSV_TM_NORM);
     if (linear_forward(b->cublas, &L->gate_up, b->act, f, n, b->slice, b->gu, 0, b->tmp,
                        b->stream, err, errlen) != 0)
     {
@@ -1381,7 +1389,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     f = msv_act_fmt_for(&L->down, b->split);
     MSV_CUDA_TRY(silu_mul_forward(b->act, f, b->gu, n, c->intermediate,
                                   b->stream), err, errlen);
-    msv_cuda_mark(b, MSV_TM_OTHER);
+    msv_cuda_mark(b, MSV_TM_SILU);
     if (linear_forward(b->cublas, &L->down, b->act, f, n, b->slice, b->x, 1, b->tmp,
                        b->stream, err, errlen) != 0)
     {
@@ -1412,7 +1420,7 @@ msv_cuda_body(struct msv_backend *b, uint32_t n, uint32_t cap,
 
     MSV_CUDA_TRY(embed_forward(b->x, b->embed, b->embed_dtype, b->meta_d, n,
                                c->hidden, b->stream), err, errlen);
-    msv_cuda_mark(b, MSV_TM_OTHER);
+    msv_cuda_mark(b, MSV_TM_EMBED);
 
     for (l = 0; l < c->n_layers; l++) {
         if (msv_cuda_layer(b, l, n, max_ctx, &map, err, errlen) != 0) {
@@ -1437,7 +1445,7 @@ msv_cuda_head(struct msv_backend *b, uint32_t cap, uint32_t r0, uint32_t rc,
                                  + r0, b->final_norm, rc, c->hidden,
                                  c->rms_eps, b->stream),
                  err, errlen);
-    msv_cuda_mark(b, MSV_TM_OTHER);
+    msv_cuda_mark(b, MSV_TM_NORM);
     if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc, b->slice, dst,
                        0, b->tmp, b->stream, err, errlen) != 0)
     {
