@@ -38,14 +38,17 @@ LIBS := $(B)/libmsv_worker.a $(B)/libmsv_shm.a
 BINS  := $(B)/maskserve-worker $(B)/maskserve-cli $(B)/maskserve-logits
 TESTS := $(TEST_SRC:t/c/%.c=$(B)/t/%)
 BENCH := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
+# packed_bench compiles against nginx's configured headers (`module`):
+# the rest builds without nginx's sources (the GPU machine has none)
+BENCH_PLAIN := $(filter-out $(B)/bench/packed_bench,$(BENCH))
 
 .PHONY: all bins tests bench module deps test test-asan run clean
 
 include fuzz/fuzz.mk
 
-all: bins module
+all: bins module $(B)/bench/packed_bench
 
-bins: $(BINS) tests bench
+bins: $(BINS) tests $(BENCH_PLAIN)
 
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
