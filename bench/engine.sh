@@ -21,7 +21,10 @@
 #      with --batch-invariant, whose decode rate is measured beside.
 #
 #   bash bench/engine.sh            (B: build dir, default build-gpu;
-#                                    OUT: results, default $B/engine)
+#                                    OUT: results, default $B/engine;
+#                                    CASES: a subset of "b1 b64 b256
+#                                    prefill inv", default all of them;
+#                                    MSV_CUDA_* reach the worker)
 # Needs a build with the CUDA backend (make B=$B bins) and python3.
 
 set -eu -o pipefail
@@ -30,6 +33,7 @@ cd "$(dirname "$0")/.."
 B=${B:-build-gpu}
 OUT=${OUT:-$B/engine}
 PRECISION=${PRECISION:-bf16}
+CASES=${CASES:-b1 b64 b256 prefill inv}
 mkdir -p "$OUT"
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 
@@ -139,23 +143,27 @@ print("invariance %-8s %5d rows alone, %5d in the mix, %5d identical "
 PY
 }
 
+has() { case " $CASES " in *" $1 "*) return 0 ;; esac; return 1; }
+
 run warm 8 128 16
-run b1 1 128 512
-run b64 64 128 512
-run b256 256 128 512
-run p256x128 256 128 1
-run p1x8192 1 8192 1
+has b1 && run b1 1 128 512
+has b64 && run b64 64 128 512
+has b256 && run b256 256 128 512
+has prefill && run p256x128 256 128 1
+has prefill && run p1x8192 1 8192 1
 echo "rss_end_kb $(awk '/VmRSS/ {print $2}' /proc/$wpid/status)" \
     | tee -a "$OUT/rss.txt"
 : > "$OUT/invariance.txt"
-inv default
+has inv && inv default
 stop
 
-start --batch-invariant
-inv invariant
-run ib64 64 128 128
-run ib256 256 128 128
-stop
+if has inv; then
+    start --batch-invariant
+    inv invariant
+    run ib64 64 128 128
+    run ib256 256 128 128
+    stop
+fi
 trap - EXIT
 
 python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
@@ -163,7 +171,10 @@ import os, statistics as st, sys
 out = sys.argv[1]
 def steps(label):
     rows = []
-    for line in open(os.path.join(out, f"steps_{label}.txt")):
+    path = os.path.join(out, f"steps_{label}.txt")
+    if not os.path.exists(path):       # a case CASES left out
+        return rows
+    for line in open(path):
         f = line.split()
         rows.append({f[i]: float(f[i + 1]) for i in range(0, len(f) - 1, 2)})
     return rows

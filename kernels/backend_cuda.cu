@@ -114,6 +114,7 @@ struct msv_backend {
     uint32_t                  max_len;
     int                       split;   /* bf16 products read hi + lo */
     uint32_t                  slice;   /* batch invariant: rows a product */
+    int                       attn_mode;  /* MSV_ATTN_AUTO, _FOLD, _PARALLEL */
     cudaStream_t              stream;
     cublasHandle_t            cublas;
 
@@ -1071,6 +1072,20 @@ msv_cuda_create(const struct msv_model_config *cfg,
         goto failed;
     }
 
+    /* MSV_CUDA_ATTN=fold|parallel|auto: the decode attention's form
+     * (attention.cuh), auto when unset */
+    mode = getenv("MSV_CUDA_ATTN");
+    b->attn_mode = MSV_ATTN_AUTO;
+    if (mode != NULL && strcmp(mode, "fold") == 0) {
+        b->attn_mode = MSV_ATTN_FOLD;
+    } else if (mode != NULL && strcmp(mode, "parallel") == 0) {
+        b->attn_mode = MSV_ATTN_PARALLEL;
+    } else if (mode != NULL && mode[0] != '\0' && strcmp(mode, "auto") != 0) {
+        msv_cuda_err(err, errlen, "cuda: MSV_CUDA_ATTN=%s: expected fold, "
+                     "parallel or auto", mode);
+        goto failed;
+    }
+
     e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         b->stream = NULL;
@@ -1362,7 +1377,13 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     aa.max_ctx = max_ctx;
     aa.part = b->part;
     aa.part_floats = b->part_floats;
-    aa.mode = MSV_ATTN_AUTO;
+    aa.mode = b->attn_mode;
+    if (aa.mode == MSV_ATTN_PARALLEL
+        && attention_part_floats(n, c->n_heads, c->head_dim, max_ctx)
+           > b->part_floats)
+    {
+        aa.mode = MSV_ATTN_FOLD;       /* asked for where it fits */
+    }
     MSV_CUDA_TRY(attention_forward(&aa, b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_ATTN);
 
