@@ -30,6 +30,10 @@
                            / MSV_ATTN_THREADS)
 #define MSV_ATTN_WIDE     1024         /* blocks that fill the GPU: no
                                           need to split further */
+#define MSV_ATTN_MMA_WIDE 512          /* the same for the tensor-core
+                                          form (measured on an H200: batch
+                                          64 of 8 kv heads runs faster
+                                          serial, batch 1 parallel) */
 
 static_assert(MSV_ATTN_SPLIT % MSV_KV_BLOCK == 0,
               "a split is whole pages");
@@ -595,6 +599,12 @@ attention_vec_kernel(struct msv_attn_args a, uint32_t n_groups, uint32_t S)
  */
 #define MSV_ATTN_MMA_WARPS  (MSV_ATTN_SPLIT / MSV_KV_BLOCK)
 #define MSV_ATTN_MMA_HEADS  8
+#define MSV_ATTN_MMA_STAGES 3          /* pages a warp has in shared
+                                          memory: the one it computes and
+                                          the next two in flight (registers
+                                          bound the block to 3 an SM, so
+                                          the third stage costs no
+                                          occupancy) */
 
 static_assert(MSV_KV_BLOCK == 16, "an mma tile of keys is one page");
 static_assert(MSV_ATTN_MMA_WARPS * 32 == MSV_ATTN_THREADS,
@@ -669,12 +679,20 @@ msv_cp_async_wait_all(void)
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
-/* Bytes of the stages: per warp two of K and V tiles [16][HD + 8]. */
+/* Every group but the newest one complete. */
+static __device__ __forceinline__ void
+msv_cp_async_wait_prior(void)
+{
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+/* Bytes of the stages: per warp MSV_ATTN_MMA_STAGES of K and V tiles
+ * [16][HD + 8]. */
 static size_t
 msv_attn_mma_smem(uint32_t hd)
 {
-    return (size_t) MSV_ATTN_MMA_WARPS * 2 * 2 * MSV_KV_BLOCK * (hd + 8)
-           * sizeof(__nv_bfloat16);
+    return (size_t) MSV_ATTN_MMA_WARPS * MSV_ATTN_MMA_STAGES * 2
+           * MSV_KV_BLOCK * (hd + 8) * sizeof(__nv_bfloat16);
 }
 
 template <int HD>
@@ -769,7 +787,8 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             int32_t   pg_ = a.kv.pages[poff + k0_ / MSV_KV_BLOCK];           \
             size_t    b_ = ((size_t) pg_ * a.n_kv_heads + kvh)               \
                            * MSV_KV_BLOCK * HD;                              \
-            __nv_bfloat16  *kt_ = sm + ((size_t) warp * 2 + (STAGE)) * SB;   \
+            __nv_bfloat16  *kt_ = sm + ((size_t) warp                        \
+                                        * MSV_ATTN_MMA_STAGES + (STAGE)) * SB;\
             __nv_bfloat16  *vt_ = kt_ + MSV_KV_BLOCK * RS;                   \
             const __nv_bfloat16  *kg_ =                                      \
                 (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
@@ -789,22 +808,23 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
         msv_cp_async_commit();                                               \
     } while (0)
 
+    /* every fetch commits one group, empty past the keys, so "all but
+     * the newest group done" always means this split's pages are in */
     s = blockIdx.z;
     cur = 0;
     MSV_ATTN_MMA_FETCH(s, 0);
+    MSV_ATTN_MMA_FETCH(s + gridDim.z, 1);
 
     for ( ;; ) {
-        msv_cp_async_wait_all();
+        msv_cp_async_wait_prior();
         __syncwarp();
         __syncthreads();               /* the last fold has read the
-                                          stages the next fetch fills */
+                                          stage the next fetch fills */
         sn = s + gridDim.z;
-        if (sn < ns) {
-            MSV_ATTN_MMA_FETCH(sn, cur ^ 1);
-        }
+        MSV_ATTN_MMA_FETCH(sn + gridDim.z, (cur + 2) % MSV_ATTN_MMA_STAGES);
 
         key0 = s * MSV_ATTN_SPLIT + warp * MSV_KV_BLOCK;
-        st = sm + ((size_t) warp * 2 + cur) * SB;
+        st = sm + ((size_t) warp * MSV_ATTN_MMA_STAGES + cur) * SB;
         if (key0 < nkeys) {
             nk = min((uint32_t) MSV_KV_BLOCK, nkeys - key0);
             kt = st;
@@ -906,7 +926,8 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             ms = -INFINITY;
             ls = 0.0f;
             for (w = 0; w < np; w++) {
-                sf = (float *) (sm + ((size_t) w * 2 + cur) * SB);
+                sf = (float *) (sm + ((size_t) w * MSV_ATTN_MMA_STAGES + cur)
+                                  * SB);
                 stm = sf + MSV_ATTN_MMA_HEADS * RS;
                 stl = stm + MSV_ATTN_MMA_HEADS;
                 msv_attn_fold_scale(&ms, &ls, stm[tid], stl[tid],
@@ -935,7 +956,8 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             d = e % HD;
             as = 0.0f;
             for (w = 0; w < np; w++) {
-                sf = (float *) (sm + ((size_t) w * 2 + cur) * SB);
+                sf = (float *) (sm + ((size_t) w * MSV_ATTN_MMA_STAGES + cur)
+                                  * SB);
                 as = msv_attn_fold_out(as, sf[g * RS + d], fs[w][0][g],
                                        fs[w][1][g]);
             }
@@ -953,8 +975,9 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             break;
         }
         s = sn;
-        cur ^= 1;
+        cur = (cur + 1) % MSV_ATTN_MMA_STAGES;
     }
+    msv_cp_async_wait_all();           /* no copy outlives the block */
 #undef MSV_ATTN_MMA_FETCH
 
     if (gridDim.z == 1) {
@@ -1011,11 +1034,13 @@ attention_part_floats(uint32_t n_tokens, uint32_t n_heads, uint32_t head_dim,
 
 /*
  * The form of a batch whose splits would take `blocks` blocks each: 1 for
- * parallel (a block per split, then the merge), 0 for serial, -1 when
- * MSV_ATTN_PARALLEL is asked for and the workspace cannot hold it.
+ * parallel (a block per split, then the merge), 0 for serial (AUTO: when
+ * blocks >= wide), -1 when MSV_ATTN_PARALLEL is asked for and the
+ * workspace cannot hold it.
  */
 static int
-msv_attn_parallel(const struct msv_attn_args *a, uint32_t S, uint32_t blocks)
+msv_attn_parallel(const struct msv_attn_args *a, uint32_t S, uint32_t blocks,
+    uint32_t wide)
 {
     int  parallel;
 
@@ -1027,7 +1052,7 @@ msv_attn_parallel(const struct msv_attn_args *a, uint32_t S, uint32_t blocks)
         return -1;
     }
     if (a->mode == MSV_ATTN_FOLD
-        || (a->mode == MSV_ATTN_AUTO && blocks >= MSV_ATTN_WIDE))
+        || (a->mode == MSV_ATTN_AUTO && blocks >= wide))
     {
         parallel = 0;
     }
@@ -1071,7 +1096,8 @@ attention_mma_forward(const struct msv_attn_args *a, cudaStream_t stream)
     } while (0)
 
     S = MSV_CEIL_DIV(a->max_ctx, (uint32_t) MSV_ATTN_SPLIT);
-    parallel = msv_attn_parallel(a, S, a->n_tokens * a->n_kv_heads);
+    parallel = msv_attn_parallel(a, S, a->n_tokens * a->n_kv_heads,
+                                 MSV_ATTN_MMA_WIDE);
     if (parallel < 0) {
         return cudaErrorInvalidValue;
     }
@@ -1130,7 +1156,7 @@ attention_forward(const struct msv_attn_args *a, cudaStream_t stream)
     S = MSV_CEIL_DIV(a->max_ctx, (uint32_t) MSV_ATTN_SPLIT);
     blocks = a->n_tokens * a->n_kv_heads * n_groups;
 
-    parallel = msv_attn_parallel(a, S, blocks);
+    parallel = msv_attn_parallel(a, S, blocks, MSV_ATTN_WIDE);
     if (parallel < 0) {
         return cudaErrorInvalidValue;
     }

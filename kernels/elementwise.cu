@@ -61,8 +61,10 @@ static __global__ void
 silu_mul4_kernel(void *out, int fmt, const float *gu, uint32_t n_rows,
     uint32_t n)
 {
-    size_t  r, c;
-    float4  g, u;
+    size_t           r, c;
+    float4           g, u;
+    float            y[4];
+    __nv_bfloat162   b[2];
 
     r = blockIdx.y;
     c = 4 * ((size_t) blockIdx.x * blockDim.x + threadIdx.x);
@@ -71,13 +73,20 @@ silu_mul4_kernel(void *out, int fmt, const float *gu, uint32_t n_rows,
     }
     g = *(const float4 *) (gu + r * 2 * n + c);
     u = *(const float4 *) (gu + r * 2 * n + n + c);
-    msv_store_act(out, fmt, n_rows, r, n, c, g.x / (1.0f + expf(-g.x)) * u.x);
-    msv_store_act(out, fmt, n_rows, r, n, c + 1,
-                  g.y / (1.0f + expf(-g.y)) * u.y);
-    msv_store_act(out, fmt, n_rows, r, n, c + 2,
-                  g.z / (1.0f + expf(-g.z)) * u.z);
-    msv_store_act(out, fmt, n_rows, r, n, c + 3,
-                  g.w / (1.0f + expf(-g.w)) * u.w);
+    y[0] = g.x / (1.0f + expf(-g.x)) * u.x;
+    y[1] = g.y / (1.0f + expf(-g.y)) * u.y;
+    y[2] = g.z / (1.0f + expf(-g.z)) * u.z;
+    y[3] = g.w / (1.0f + expf(-g.w)) * u.w;
+    if (fmt == MSV_ACT_BF16 && (uintptr_t) out % 8 == 0) {  /* one store */
+        b[0] = __floats2bfloat162_rn(y[0], y[1]);
+        b[1] = __floats2bfloat162_rn(y[2], y[3]);
+        *(uint2 *) ((__nv_bfloat16 *) out + r * n + c) = *(uint2 *) b;
+        return;
+    }
+    msv_store_act(out, fmt, n_rows, r, n, c, y[0]);
+    msv_store_act(out, fmt, n_rows, r, n, c + 1, y[1]);
+    msv_store_act(out, fmt, n_rows, r, n, c + 2, y[2]);
+    msv_store_act(out, fmt, n_rows, r, n, c + 3, y[3]);
 }
 
 static __global__ void

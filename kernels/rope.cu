@@ -93,13 +93,137 @@ qkv_rope_kernel(struct msv_qkv_args a)
     }
 }
 
+/*
+ * head_dim a multiple of 64, at most 256 (every model preset): one warp
+ * per (token, head), NP = head_dim / 32 elements a lane, kept in
+ * registers; lane l holds dimensions l + 32 i, so with half = head_dim / 2
+ * a multiple of 32 the rotation's partner of element i is the same lane's
+ * element i + NP / 2.  The norm is a warp sum; no shared memory, no block
+ * barrier (the kernel above spends a block and three barriers on a
+ * 128-element head).
+ */
+#define MSV_ROPE_WARPS  4
+
+template <typename KV, int NP>
+static __global__ void __launch_bounds__(MSV_ROPE_WARPS * 32)
+qkv_rope_warp_kernel(struct msv_qkv_args a)
+{
+    uint32_t      h, t, hd, lane, kvh, slot, d;
+    KV           *dst;
+    float        *row, v[NP], ss, scale, ang, sn, cs, x0, x1;
+    const float  *nw;
+    int           is_q, is_k, p, i;
+    size_t        off;
+
+    t = blockIdx.x;
+    h = blockIdx.y * MSV_ROPE_WARPS + (threadIdx.x >> 5);
+    if (h >= a.n_heads + 2 * a.n_kv_heads) {
+        return;
+    }
+    lane = threadIdx.x & 31;
+    hd = NP * 32;
+    is_q = h < a.n_heads;
+    is_k = !is_q && h < a.n_heads + a.n_kv_heads;
+
+    row = a.qkv + (size_t) t * (a.n_heads + 2 * a.n_kv_heads) * hd
+          + (size_t) h * hd;
+#pragma unroll
+    for (i = 0; i < NP; i++) {
+        d = lane + 32 * i;
+        v[i] = row[d] + (a.bias != NULL ? a.bias[(size_t) h * hd + d] : 0.0f);
+    }
+
+    nw = is_q ? a.q_norm : (is_k ? a.k_norm : NULL);
+    if (nw != NULL) {
+        ss = 0.0f;
+#pragma unroll
+        for (i = 0; i < NP; i++) {
+            ss += v[i] * v[i];
+        }
+        ss = msv_warp_sum(ss);
+        scale = 1.0f / sqrtf(ss / (float) hd + a.eps);
+#pragma unroll
+        for (i = 0; i < NP; i++) {
+            v[i] = nw[lane + 32 * i] * (v[i] * scale);
+        }
+    }
+
+    p = a.kv.pos[t];
+
+    dst = NULL;
+    if (!is_q && a.kv.k_cache != NULL) {
+        kvh = is_k ? h - a.n_heads : h - a.n_heads - a.n_kv_heads;
+        slot = (uint32_t) p % MSV_KV_BLOCK;
+        off = (size_t) a.kv.pages[a.kv.page_off[a.kv.tok_seq[t]]
+                                  + p / MSV_KV_BLOCK];
+        off = ((off * a.n_kv_heads + kvh) * MSV_KV_BLOCK + slot) * hd;
+        dst = (KV *) (is_k ? a.kv.k_cache : a.kv.v_cache) + off;
+    }
+
+    if (is_q || is_k) {
+        /* as the kernel above: cos/sin of the fp32 product position *
+         * inv_freq, x * cos + rotate_half(x) * sin */
+#pragma unroll
+        for (i = 0; i < NP / 2; i++) {
+            d = lane + 32 * i;
+            ang = __fmul_rn((float) p, a.inv_freq[d]);
+            sincosf(ang, &sn, &cs);
+            x0 = v[i];
+            x1 = v[i + NP / 2];
+            v[i] = x0 * cs - x1 * sn;
+            v[i + NP / 2] = x1 * cs + x0 * sn;
+        }
+    }
+
+#pragma unroll
+    for (i = 0; i < NP; i++) {
+        d = lane + 32 * i;
+        row[d] = v[i];
+        if (dst != NULL) {
+            msv_kv_put(&dst[d], v[i]);
+        }
+    }
+}
+
 cudaError_t
 qkv_rope_forward(const struct msv_qkv_args *a, cudaStream_t stream)
 {
-    dim3  grid;
+    dim3      grid;
+    uint32_t  nh;
 
     if (a->n_tokens == 0) {
         return cudaSuccess;
+    }
+
+    nh = a->n_heads + 2 * a->n_kv_heads;
+    if (a->head_dim % 64 == 0 && a->head_dim <= 256) {
+        grid = dim3(a->n_tokens, MSV_CEIL_DIV(nh, (uint32_t) MSV_ROPE_WARPS));
+
+#define MSV_ROPE_WARP(KV, NP)                                                \
+        qkv_rope_warp_kernel<KV, NP><<<grid, MSV_ROPE_WARPS * 32, 0,         \
+                                       stream>>>(*a)
+
+        if (a->kv.kv_bf16) {
+            if (a->head_dim == 64) {
+                MSV_ROPE_WARP(__nv_bfloat16, 2);
+            } else if (a->head_dim == 128) {
+                MSV_ROPE_WARP(__nv_bfloat16, 4);
+            } else if (a->head_dim == 192) {
+                MSV_ROPE_WARP(__nv_bfloat16, 6);
+            } else {
+                MSV_ROPE_WARP(__nv_bfloat16, 8);
+            }
+        } else if (a->head_dim == 64) {
+            MSV_ROPE_WARP(float, 2);
+        } else if (a->head_dim == 128) {
+            MSV_ROPE_WARP(float, 4);
+        } else if (a->head_dim == 192) {
+            MSV_ROPE_WARP(float, 6);
+        } else {
+            MSV_ROPE_WARP(float, 8);
+        }
+#undef MSV_ROPE_WARP
+        return cudaGetLastError();
     }
 
     grid = dim3(a->n_tokens, a->n_heads + 2 * a->n_kv_heads);
