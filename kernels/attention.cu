@@ -599,12 +599,6 @@ attention_vec_kernel(struct msv_attn_args a, uint32_t n_groups, uint32_t S)
  */
 #define MSV_ATTN_MMA_WARPS  (MSV_ATTN_SPLIT / MSV_KV_BLOCK)
 #define MSV_ATTN_MMA_HEADS  8
-#define MSV_ATTN_MMA_STAGES 3          /* pages a warp has in shared
-                                          memory: the one it computes and
-                                          the next two in flight (registers
-                                          bound the block to 3 an SM, so
-                                          the third stage costs no
-                                          occupancy) */
 
 static_assert(MSV_KV_BLOCK == 16, "an mma tile of keys is one page");
 static_assert(MSV_ATTN_MMA_WARPS * 32 == MSV_ATTN_THREADS,
@@ -679,20 +673,12 @@ msv_cp_async_wait_all(void)
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
-/* Every group but the newest one complete. */
-static __device__ __forceinline__ void
-msv_cp_async_wait_prior(void)
-{
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-
-/* Bytes of the stages: per warp MSV_ATTN_MMA_STAGES of K and V tiles
- * [16][HD + 8]. */
+/* Bytes of the stages: per warp two of K and V tiles [16][HD + 8]. */
 static size_t
 msv_attn_mma_smem(uint32_t hd)
 {
-    return (size_t) MSV_ATTN_MMA_WARPS * MSV_ATTN_MMA_STAGES * 2
-           * MSV_KV_BLOCK * (hd + 8) * sizeof(__nv_bfloat16);
+    return (size_t) MSV_ATTN_MMA_WARPS * 2 * 2 * MSV_KV_BLOCK * (hd + 8)
+           * sizeof(__nv_bfloat16);
 }
 
 template <int HD>
@@ -787,8 +773,7 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             int32_t   pg_ = a.kv.pages[poff + k0_ / MSV_KV_BLOCK];           \
             size_t    b_ = ((size_t) pg_ * a.n_kv_heads + kvh)               \
                            * MSV_KV_BLOCK * HD;                              \
-            __nv_bfloat16  *kt_ = sm + ((size_t) warp                        \
-                                        * MSV_ATTN_MMA_STAGES + (STAGE)) * SB;\
+            __nv_bfloat16  *kt_ = sm + ((size_t) warp * 2 + (STAGE)) * SB;   \
             __nv_bfloat16  *vt_ = kt_ + MSV_KV_BLOCK * RS;                   \
             const __nv_bfloat16  *kg_ =                                      \
                 (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
@@ -808,23 +793,22 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
         msv_cp_async_commit();                                               \
     } while (0)
 
-    /* every fetch commits one group, empty past the keys, so "all but
-     * the newest group done" always means this split's pages are in */
     s = blockIdx.z;
     cur = 0;
     MSV_ATTN_MMA_FETCH(s, 0);
-    MSV_ATTN_MMA_FETCH(s + gridDim.z, 1);
 
     for ( ;; ) {
-        msv_cp_async_wait_prior();
+        msv_cp_async_wait_all();
         __syncwarp();
         __syncthreads();               /* the last fold has read the
-                                          stage the next fetch fills */
+                                          stages the next fetch fills */
         sn = s + gridDim.z;
-        MSV_ATTN_MMA_FETCH(sn + gridDim.z, (cur + 2) % MSV_ATTN_MMA_STAGES);
+        if (sn < ns) {
+            MSV_ATTN_MMA_FETCH(sn, cur ^ 1);
+        }
 
         key0 = s * MSV_ATTN_SPLIT + warp * MSV_KV_BLOCK;
-        st = sm + ((size_t) warp * MSV_ATTN_MMA_STAGES + cur) * SB;
+        st = sm + ((size_t) warp * 2 + cur) * SB;
         if (key0 < nkeys) {
             nk = min((uint32_t) MSV_KV_BLOCK, nkeys - key0);
             kt = st;
@@ -926,8 +910,7 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             ms = -INFINITY;
             ls = 0.0f;
             for (w = 0; w < np; w++) {
-                sf = (float *) (sm + ((size_t) w * MSV_ATTN_MMA_STAGES + cur)
-                                  * SB);
+                sf = (float *) (sm + ((size_t) w * 2 + cur) * SB);
                 stm = sf + MSV_ATTN_MMA_HEADS * RS;
                 stl = stm + MSV_ATTN_MMA_HEADS;
                 msv_attn_fold_scale(&ms, &ls, stm[tid], stl[tid],
@@ -956,8 +939,7 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             d = e % HD;
             as = 0.0f;
             for (w = 0; w < np; w++) {
-                sf = (float *) (sm + ((size_t) w * MSV_ATTN_MMA_STAGES + cur)
-                                  * SB);
+                sf = (float *) (sm + ((size_t) w * 2 + cur) * SB);
                 as = msv_attn_fold_out(as, sf[g * RS + d], fs[w][0][g],
                                        fs[w][1][g]);
             }
@@ -975,9 +957,8 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
             break;
         }
         s = sn;
-        cur = (cur + 1) % MSV_ATTN_MMA_STAGES;
+        cur ^= 1;
     }
-    msv_cp_async_wait_all();           /* no copy outlives the block */
 #undef MSV_ATTN_MMA_FETCH
 
     if (gridDim.z == 1) {
