@@ -27,7 +27,7 @@ NVFLAGS    ?= -O2 -g -gencode arch=compute_90,code=sm_90 -Xcompiler -fPIC
 CU_OBJ     := $(CU_SRC:%.cu=$(B)/%.o)
 CPPFLAGS   += -DMSV_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
-              -lcublas -lcudart -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
+              -lcublasLt -lcublas -lcudart -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
 else
 CU_OBJ     :=
 CUDA_LIBS  :=

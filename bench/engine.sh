@@ -18,7 +18,9 @@
 #      support masks with logprobs) alone, then the same 32 among 224
 #      others with prompts up to 1500 tokens (prefill chunks mixed with
 #      decode); every row compared bit for bit, in the default mode and
-#      with --batch-invariant, whose decode rate is measured beside.
+#      with --batch-invariant, whose decode rate at batch 1, 64 and 256
+#      is measured beside (its per-shape algorithm lines, from the worker
+#      log, go to $OUT/invariant_algos.txt).
 #
 #   bash bench/engine.sh            (B: build dir, default build-gpu;
 #                                    OUT: results, default $B/engine;
@@ -42,7 +44,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
 "$NVCC" -O2 -gencode arch=compute_90,code=sm_90 -Ishm -Iworker \
     -o "$B/bench/engine_floor" bench/engine_floor.cu "$B/libmsv_worker.a" \
-    ${LDFLAGS:-} -lcublas -lyajl -lm
+    ${LDFLAGS:-} -lcublasLt -lcublas -lyajl -lm
 "$B/bench/engine_floor" qwen3-8b 384 1 64 256 | tee "$OUT/floor.txt"
 
 steps=$OUT/steps.txt
@@ -159,7 +161,9 @@ stop
 
 if has inv; then
     start --batch-invariant
+    grep "batch invariant:" "$OUT/worker.log" | tee "$OUT/invariant_algos.txt"
     inv invariant
+    run ib1 1 128 128
     run ib64 64 128 128
     run ib256 256 128 128
     stop
@@ -188,8 +192,8 @@ print()
 print("%-6s %10s %10s %9s %9s %8s %8s %10s %7s" % ("batch", "fwd_tok/s",
       "step_tok/s", "fwd_ms", "gap_ms", "graph", "floor_ms", "floor_t/s",
       "ratio"))
-for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib64", 64),
-               ("ib256", 256)):
+for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib1", 1),
+               ("ib64", 64), ("ib256", 256)):
     r = [x for x in steps(lab) if x["seqs"] == b and x["tokens"] == b]
     plain = [x for x in r if x["detail"] == 0]
     if not plain:

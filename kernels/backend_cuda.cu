@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "log.h"
 #include "model.h"
 #include "backend_cuda.h"
 #include "cuda_common.cuh"
@@ -39,7 +40,6 @@
 #define MSV_MAX_GRAPHS   64            /* captured decode steps kept */
 #define MSV_CUBLAS_WS    (32u << 20)   /* cuBLAS workspace, fixed for graphs */
 #define MSV_TM_EVENTS    1024          /* timing marks of one step */
-#define MSV_INV_ROWS     256           /* rows of a batch-invariant product */
 
 /* timing categories */
 #define MSV_TM_GEMM      0
@@ -113,7 +113,9 @@ struct msv_backend {
     uint32_t                  max_seqs;
     uint32_t                  max_len;
     int                       split;   /* bf16 products read hi + lo */
-    uint32_t                  slice;   /* batch invariant: rows a product */
+    int                       invariant;   /* --batch-invariant */
+    struct msv_gemm_inv       inv;     /* its pinned algorithms */
+    const struct msv_gemm_inv *pin;    /* &inv when invariant, else NULL */
     int                       attn_mode;  /* MSV_ATTN_AUTO, _FOLD, _PARALLEL */
     cudaStream_t              stream;
     cublasHandle_t            cublas;
@@ -1012,6 +1014,46 @@ msv_cuda_init_timing(struct msv_backend *b, char *err, size_t errlen)
 }
 
 
+/* Batch invariant: an algorithm pinned for each weight shape of the
+ * model (the uploaded weights time the candidates), one log line each.
+ * A weight update keeps every shape and dtype (stage_weights), so the
+ * plans hold for every copy. */
+static int
+msv_cuda_pin(struct msv_backend *b, char *err, size_t errlen)
+{
+    const struct msv_dmat  *m[5];
+    char                    line[512];
+    uint32_t                l;
+    int                     i, n;
+
+    if (!b->invariant) {
+        return 0;
+    }
+    for (l = 0; l <= b->cfg.n_layers; l++) {
+        n = 0;
+        if (l < b->cfg.n_layers) {
+            m[n++] = &b->layers[l].qkv;
+            m[n++] = &b->layers[l].o;
+            m[n++] = &b->layers[l].gate_up;
+            m[n++] = &b->layers[l].down;
+        } else {
+            m[n++] = &b->lm_head;
+        }
+        for (i = 0; i < n; i++) {
+            if (gemm_inv_pin(&b->inv, b->cublas, m[i], b->stream, line,
+                             sizeof(line), err, errlen) != 0)
+            {
+                return -1;
+            }
+            if (line[0] != '\0') {
+                msv_info("cuda: %s", line);
+            }
+        }
+    }
+    return 0;
+}
+
+
 static struct msv_backend *
 msv_cuda_create(const struct msv_model_config *cfg,
     const struct msv_weights *w, uint32_t max_seqs, uint32_t max_len,
@@ -1056,8 +1098,9 @@ msv_cuda_create(const struct msv_model_config *cfg,
         goto failed;
     }
 
-    /* MSV_CUDA_INVARIANT=1 (--batch-invariant): every product in slices
-     * of MSV_INV_ROWS rows, so a row's logits do not depend on the batch */
+    /* MSV_CUDA_INVARIANT=1 (--batch-invariant): every product through
+     * one cuBLASLt algorithm pinned per weight shape (gemm.cuh), so a
+     * row's logits do not depend on the batch */
     mode = getenv("MSV_CUDA_INVARIANT");
     if (mode != NULL && strcmp(mode, "1") == 0) {
         if (b->split) {
@@ -1065,7 +1108,7 @@ msv_cuda_create(const struct msv_model_config *cfg,
                          "bf16 precision, not split");
             goto failed;
         }
-        b->slice = MSV_INV_ROWS;
+        b->invariant = 1;
     } else if (mode != NULL && mode[0] != '\0' && strcmp(mode, "0") != 0) {
         msv_cuda_err(err, errlen, "cuda: MSV_CUDA_INVARIANT=%s: expected 0 "
                      "or 1", mode);
@@ -1118,6 +1161,17 @@ msv_cuda_create(const struct msv_model_config *cfg,
         goto failed;
     }
 
+    /* the cuBLASLt products share the workspace: both run on b->stream,
+     * one after another */
+    if (b->invariant) {
+        if (gemm_inv_init(&b->inv, b->cublas_ws, MSV_CUBLAS_WS, err, errlen)
+            != 0)
+        {
+            goto failed;
+        }
+        b->pin = &b->inv;
+    }
+
     if (msv_cuda_init_timing(b, err, errlen) != 0) {
         goto failed;
     }
@@ -1135,6 +1189,7 @@ msv_cuda_create(const struct msv_model_config *cfg,
     }
     if (msv_cuda_stager_init(&b->up, err, errlen) != 0
         || msv_cuda_upload(b, w, err, errlen) != 0
+        || msv_cuda_pin(b, err, errlen) != 0
         || msv_cuda_upload_inv_freq(b, err, errlen) != 0
         || msv_cuda_init_kv(b, kv_tokens, err, errlen) != 0)
     {
@@ -1192,8 +1247,7 @@ msv_cuda_scratch(struct msv_backend *b, uint32_t n_tokens, char *err,
     msv_cuda_drop_graphs(b);           /* they hold the old pointers */
     msv_cuda_free_scratch(b);
 
-    T = b->slice > MSV_ALIGN_TOKENS ? b->slice : MSV_ALIGN_TOKENS;
-    T = MSV_CEIL_DIV((size_t) n_tokens, T) * T;
+    T = MSV_CEIL_DIV((size_t) n_tokens, MSV_ALIGN_TOKENS) * MSV_ALIGN_TOKENS;
     q = (size_t) c->n_heads * c->head_dim;
     qkv = q + 2 * (size_t) c->n_kv_heads * c->head_dim;
     max_in = c->hidden;
@@ -1337,8 +1391,8 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_NORM);
-    if (linear_forward(b->cublas, &L->qkv, b->act, f, n, b->slice, b->qkv, 0, b->tmp,
-                       b->stream, err, errlen) != 0)
+    if (linear_forward(b->cublas, b->pin, &L->qkv, b->act, f, n, b->qkv, 0,
+                       b->tmp, b->stream, err, errlen) != 0)
     {
         return -1;
     }
@@ -1387,8 +1441,8 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     MSV_CUDA_TRY(attention_forward(&aa, b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_ATTN);
 
-    if (linear_forward(b->cublas, &L->o, b->act, f, n, b->slice, b->x, 1, b->tmp,
-                       b->stream, err, errlen) != 0)
+    if (linear_forward(b->cublas, b->pin, &L->o, b->act, f, n, b->x, 1,
+                       b->tmp, b->stream, err, errlen) != 0)
     {
         return -1;
     }
@@ -1400,8 +1454,8 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_NORM);
-    if (linear_forward(b->cublas, &L->gate_up, b->act, f, n, b->slice, b->gu, 0, b->tmp,
-                       b->stream, err, errlen) != 0)
+    if (linear_forward(b->cublas, b->pin, &L->gate_up, b->act, f, n, b->gu, 0,
+                       b->tmp, b->stream, err, errlen) != 0)
     {
         return -1;
     }
@@ -1411,8 +1465,8 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     MSV_CUDA_TRY(silu_mul_forward(b->act, f, b->gu, n, c->intermediate,
                                   b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_SILU);
-    if (linear_forward(b->cublas, &L->down, b->act, f, n, b->slice, b->x, 1, b->tmp,
-                       b->stream, err, errlen) != 0)
+    if (linear_forward(b->cublas, b->pin, &L->down, b->act, f, n, b->x, 1,
+                       b->tmp, b->stream, err, errlen) != 0)
     {
         return -1;
     }
@@ -1467,7 +1521,7 @@ msv_cuda_head(struct msv_backend *b, uint32_t cap, uint32_t r0, uint32_t rc,
                                  c->rms_eps, b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_NORM);
-    if (linear_forward(b->cublas, &b->lm_head, b->act, f, rc, b->slice, dst,
+    if (linear_forward(b->cublas, b->pin, &b->lm_head, b->act, f, rc, dst,
                        0, b->tmp, b->stream, err, errlen) != 0)
     {
         return -1;
@@ -1837,6 +1891,7 @@ msv_cuda_destroy(struct msv_backend *b)
     msv_cuda_weights_swap(b, &ws);
     msv_cuda_weights_free(&ws);
     msv_cuda_allocs_free(&b->allocs);
+    gemm_inv_free(&b->inv);
     if (b->cublas != NULL) {
         cublasDestroy(b->cublas);
     }
@@ -1856,8 +1911,6 @@ msv_cuda_sample_init(struct msv_backend *b, uint32_t max_rows,
     uint32_t max_slots, uint32_t max_logprobs, void *ring,
     size_t ring_bytes, char *err, size_t errlen)
 {
-    uint32_t  rows;
-
     if (max_rows > b->max_seqs) {
         return msv_cuda_err(err, errlen, "cuda: sampler: %u rows, the "
                             "backend has %u sequences", max_rows,
@@ -1868,10 +1921,7 @@ msv_cuda_sample_init(struct msv_backend *b, uint32_t max_rows,
     if (b->gs == NULL) {
         return -1;
     }
-    /* batch invariant: the lm_head writes whole slices of rows */
-    rows = b->slice != 0 ? MSV_CEIL_DIV(b->max_seqs, b->slice) * b->slice
-                         : b->max_seqs;
-    if (cudaMalloc((void **) &b->dlogits, (size_t) rows
+    if (cudaMalloc((void **) &b->dlogits, (size_t) b->max_seqs
                    * b->cfg.vocab_size * sizeof(float)) != cudaSuccess)
     {
         msv_gsampler_free(b->gs);

@@ -5,6 +5,9 @@
  * cols x n) as is.
  */
 
+#include <stdio.h>
+#include <string.h>
+
 #include "model.h"
 #include "gemm.cuh"
 #include "elementwise.cuh"
@@ -113,9 +116,9 @@ gemv_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *act,
 
 
 int
-gemv_usable(const struct msv_dmat *w, int fmt, uint32_t n, uint32_t slice)
+gemv_usable(const struct msv_dmat *w, int fmt, uint32_t n, int invariant)
 {
-    return slice == 0 && w->dtype == MSV_BF16 && fmt == MSV_ACT_BF16
+    return !invariant && w->dtype == MSV_BF16 && fmt == MSV_ACT_BF16
            && n >= 1 && n <= MSV_GEMV_MAX && w->cols % 8 == 0;
 }
 
@@ -152,6 +155,611 @@ gemv_forward(const struct msv_dmat *w, const void *act, uint32_t n,
 }
 
 
+/* ---- batch-invariant products: pinned cuBLASLt algorithms --------------- */
+
+#define MSV_INV_CAND   8       /* heuristic results asked per batch size */
+#define MSV_INV_TN     3       /* batch sizes of msv_inv_time_n */
+#define MSV_INV_MAXC   (MSV_INV_TN * MSV_INV_CAND)
+#define MSV_INV_REPS   5       /* timed runs of a product */
+#define MSV_INV_ALIGN  16      /* bytes of alignment an algorithm may need */
+
+/* The batch sizes candidates come from and are timed at.  The timing runs
+ * share the scratch activations' leading rows, so their outputs' leading
+ * rows must be the same bits. */
+static const uint32_t  msv_inv_time_n[MSV_INV_TN] = { 1, 64, 256 };
+
+/* Batch sizes a candidate must accept (cublasLtMatmulAlgoCheck): decode
+ * buckets, prefill chunks, lm_head chunks and odd sizes between. */
+static const uint32_t  msv_inv_check_n[] = {
+    1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 100, 255, 256, 512, 1000, 4096, 8192,
+    65536
+};
+
+/*
+ * out [n][rows] = act [n][cols] . w^T in cuBLASLt's column-major terms:
+ * D (rows x n) = op(A) B with A = w as a cols x rows matrix, transposed,
+ * B = act as cols x n, and C = D = out as rows x n.
+ */
+struct msv_inv_op {
+    cublasLtMatmulDescOpaque_t    desc;
+    cublasLtMatrixLayoutOpaque_t  a;
+    cublasLtMatrixLayoutOpaque_t  b;
+    cublasLtMatrixLayoutOpaque_t  c;
+};
+
+/* An algorithm's configuration, as cublasLtMatmulAlgoConfigAttributes_t
+ * types it. */
+struct msv_inv_cfg {
+    int32_t   id;
+    uint32_t  tile;
+    int32_t   splitk;
+    uint32_t  reduction;
+    uint32_t  swizzle;
+    uint32_t  custom;
+    uint32_t  stages;
+    uint16_t  inner;
+    uint16_t  cluster;
+};
+
+
+/* Pseudo-random values in [-1, 1) (a hash of the index): the scratch
+ * activations of the timing runs, finite and with varied low bits. */
+static __global__ void
+inv_fill_kernel(void *p, int f32, size_t n)
+{
+    size_t    i;
+    uint32_t  h;
+    float     v;
+
+    for (i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < n;
+         i += (size_t) gridDim.x * blockDim.x)
+    {
+        h = (uint32_t) i * 2654435761u + 0x9e3779b9u;
+        h ^= h >> 15;
+        h *= 0x2c1b3c6du;
+        h ^= h >> 12;
+        v = (float) (h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+        if (f32) {
+            ((float *) p)[i] = v;
+        } else {
+            ((__nv_bfloat16 *) p)[i] = __float2bfloat16(v);
+        }
+    }
+}
+
+
+/* *count += the number of 32-bit words where a and b differ. */
+static __global__ void
+inv_differ_kernel(const uint32_t *a, const uint32_t *b, size_t n,
+    unsigned int *count)
+{
+    size_t  i;
+
+    for (i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < n;
+         i += (size_t) gridDim.x * blockDim.x)
+    {
+        if (a[i] != b[i]) {
+            atomicAdd(count, 1u);
+        }
+    }
+}
+
+
+static const char *
+msv_inv_dtype(const struct msv_dmat *w)
+{
+    return w->dtype == MSV_F32 ? "f32" : "bf16";
+}
+
+
+static const struct msv_inv_plan *
+msv_inv_find(const struct msv_gemm_inv *inv, const struct msv_dmat *w)
+{
+    int  i;
+
+    for (i = 0; i < inv->n_plans; i++) {
+        if (inv->plan[i].dtype == w->dtype && inv->plan[i].rows == w->rows
+            && inv->plan[i].cols == w->cols)
+        {
+            return &inv->plan[i];
+        }
+    }
+    return NULL;
+}
+
+
+/* The descriptors of a product of n rows with w: host-side structures
+ * initialised in place, nothing allocated. */
+static int
+msv_inv_op_init(struct msv_inv_op *op, const struct msv_dmat *w, uint32_t n,
+    char *err, size_t errlen)
+{
+    cudaDataType  ab;
+    int32_t       ta;
+
+    ab = w->dtype == MSV_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    ta = CUBLAS_OP_T;
+    MSV_CUBLAS_TRY(cublasLtMatmulDescInit(&op->desc, CUBLAS_COMPUTE_32F,
+                                          CUDA_R_32F), err, errlen);
+    MSV_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(&op->desc,
+                                                  CUBLASLT_MATMUL_DESC_TRANSA,
+                                                  &ta, sizeof(ta)),
+                   err, errlen);
+    MSV_CUBLAS_TRY(cublasLtMatrixLayoutInit(&op->a, ab, w->cols, w->rows,
+                                            w->cols), err, errlen);
+    MSV_CUBLAS_TRY(cublasLtMatrixLayoutInit(&op->b, ab, w->cols, n, w->cols),
+                   err, errlen);
+    MSV_CUBLAS_TRY(cublasLtMatrixLayoutInit(&op->c, CUDA_R_32F, w->rows, n,
+                                            w->rows), err, errlen);
+    return 0;
+}
+
+
+/* out (+)= act . w^T through algo, on stream, with inv's workspace. */
+static int
+msv_inv_run(const struct msv_gemm_inv *inv, const cublasLtMatmulAlgo_t *algo,
+    const struct msv_dmat *w, const void *act, uint32_t n, float *out,
+    int accumulate, cudaStream_t stream, char *err, size_t errlen)
+{
+    const float        one = 1.0f, zero = 0.0f;
+    struct msv_inv_op  op;
+
+    if (msv_inv_op_init(&op, w, n, err, errlen) != 0) {
+        return -1;
+    }
+    MSV_CUBLAS_TRY(cublasLtMatmul(inv->lt, &op.desc, &one, w->p, &op.a, act,
+                                  &op.b, accumulate ? &one : &zero, out,
+                                  &op.c, out, &op.c, algo, inv->ws,
+                                  inv->ws_bytes, stream),
+                   err, errlen);
+    return 0;
+}
+
+
+static int
+msv_inv_cfg_get(const cublasLtMatmulAlgo_t *algo, struct msv_inv_cfg *c,
+    char *err, size_t errlen)
+{
+    size_t  got;
+
+#define MSV_INV_CFG(attr, field)                                             \
+    MSV_CUBLAS_TRY(cublasLtMatmulAlgoConfigGetAttribute(algo, attr,          \
+                       &c->field, sizeof(c->field), &got), err, errlen)
+    MSV_INV_CFG(CUBLASLT_ALGO_CONFIG_ID, id);
+    MSV_INV_CFG(CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
+    MSV_INV_CFG(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, splitk);
+    MSV_INV_CFG(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, reduction);
+    MSV_INV_CFG(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swizzle);
+    MSV_INV_CFG(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, custom);
+    MSV_INV_CFG(CUBLASLT_ALGO_CONFIG_STAGES_ID, stages);
+    MSV_INV_CFG(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, inner);
+    MSV_INV_CFG(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster);
+#undef MSV_INV_CFG
+    return 0;
+}
+
+
+/* Whether algo runs products of every size of msv_inv_check_n with w
+ * within the workspace: 1 or 0; -1 with err set. */
+static int
+msv_inv_accepts(const struct msv_gemm_inv *inv, const struct msv_dmat *w,
+    const cublasLtMatmulAlgo_t *algo, char *err, size_t errlen)
+{
+    cublasLtMatmulHeuristicResult_t  r;
+    struct msv_inv_op                op;
+    size_t                           i;
+
+    for (i = 0; i < sizeof(msv_inv_check_n) / sizeof(msv_inv_check_n[0]);
+         i++)
+    {
+        if (msv_inv_op_init(&op, w, msv_inv_check_n[i], err, errlen) != 0) {
+            return -1;
+        }
+        memset(&r, 0, sizeof(r));
+        if (cublasLtMatmulAlgoCheck(inv->lt, &op.desc, &op.a, &op.b, &op.c,
+                                    &op.c, algo, &r)
+            != CUBLAS_STATUS_SUCCESS
+            || r.workspaceSize > inv->ws_bytes)
+        {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+
+/* The heuristic's algorithms for w at each batch size of msv_inv_time_n,
+ * without split-K or any reduction across blocks, that accept every size
+ * of msv_inv_check_n; each once. */
+static int
+msv_inv_candidates(const struct msv_gemm_inv *inv, const struct msv_dmat *w,
+    cublasLtMatmulAlgo_t *cand, int *n_cand, char *err, size_t errlen)
+{
+    cublasLtMatmulPreferenceOpaque_t  pref;
+    cublasLtMatmulHeuristicResult_t   res[MSV_INV_CAND];
+    struct msv_inv_op                 op;
+    struct msv_inv_cfg                cfg;
+    uint64_t                          ws;
+    uint32_t                          mask, align;
+    cublasStatus_t                    s;
+    int                               got, i, j, k, a;
+    static const cublasLtMatmulPreferenceAttributes_t  aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES
+    };
+
+    *n_cand = 0;
+    ws = inv->ws_bytes;
+    mask = CUBLASLT_REDUCTION_SCHEME_NONE;
+    align = MSV_INV_ALIGN;
+    MSV_CUBLAS_TRY(cublasLtMatmulPreferenceInit(&pref), err, errlen);
+    MSV_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(&pref,
+                       CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                       sizeof(ws)), err, errlen);
+    MSV_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(&pref,
+                       CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                       sizeof(mask)), err, errlen);
+    for (a = 0; a < (int) (sizeof(aligns) / sizeof(aligns[0])); a++) {
+        MSV_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(&pref, aligns[a],
+                           &align, sizeof(align)), err, errlen);
+    }
+
+    for (k = 0; k < MSV_INV_TN; k++) {
+        if (msv_inv_op_init(&op, w, msv_inv_time_n[k], err, errlen) != 0) {
+            return -1;
+        }
+        got = 0;
+        s = cublasLtMatmulAlgoGetHeuristic(inv->lt, &op.desc, &op.a, &op.b,
+                                           &op.c, &op.c, &pref, MSV_INV_CAND,
+                                           res, &got);
+        if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
+            continue;       /* nothing for this size */
+        }
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            return msv_cublas_fail(err, errlen,
+                                   "cublasLtMatmulAlgoGetHeuristic",
+                                   __FILE__, __LINE__, s);
+        }
+        for (i = 0; i < got; i++) {
+            if (res[i].state != CUBLAS_STATUS_SUCCESS) {
+                continue;
+            }
+            if (msv_inv_cfg_get(&res[i].algo, &cfg, err, errlen) != 0) {
+                return -1;
+            }
+            if (cfg.splitk > 1
+                || cfg.reduction != CUBLASLT_REDUCTION_SCHEME_NONE)
+            {
+                continue;
+            }
+            for (j = 0; j < *n_cand; j++) {
+                if (memcmp(&cand[j], &res[i].algo, sizeof(cand[j])) == 0) {
+                    break;
+                }
+            }
+            if (j < *n_cand) {
+                continue;
+            }
+            a = msv_inv_accepts(inv, w, &res[i].algo, err, errlen);
+            if (a < 0) {
+                return -1;
+            }
+            if (a) {
+                cand[(*n_cand)++] = res[i].algo;
+            }
+        }
+    }
+    return 0;
+}
+
+
+/*
+ * Mean milliseconds of MSV_INV_REPS products out [n] = act [n] . w^T
+ * after one untimed one, through algo or (NULL) the default path.
+ * 0, or -1 with err set.
+ */
+static int
+msv_inv_time(const struct msv_gemm_inv *inv, cublasHandle_t cublas,
+    const cublasLtMatmulAlgo_t *algo, const struct msv_dmat *w,
+    const void *act, uint32_t n, float *out, cudaStream_t stream,
+    cudaEvent_t ev[2], float *ms, char *err, size_t errlen)
+{
+    float  t;
+    int    i, fmt, rc;
+
+    fmt = w->dtype == MSV_F32 ? MSV_ACT_F32 : MSV_ACT_BF16;
+    for (i = 0; i <= MSV_INV_REPS; i++) {
+        if (i == 1) {
+            MSV_CUDA_TRY(cudaEventRecord(ev[0], stream), err, errlen);
+        }
+        rc = algo != NULL
+             ? msv_inv_run(inv, algo, w, act, n, out, 0, stream, err, errlen)
+             : linear_forward(cublas, NULL, w, act, fmt, n, out, 0, NULL,
+                              stream, err, errlen);
+        if (rc != 0) {
+            return -1;
+        }
+    }
+    MSV_CUDA_TRY(cudaEventRecord(ev[1], stream), err, errlen);
+    MSV_CUDA_TRY(cudaEventSynchronize(ev[1]), err, errlen);
+    MSV_CUDA_TRY(cudaEventElapsedTime(&t, ev[0], ev[1]), err, errlen);
+    *ms = t / MSV_INV_REPS;
+    return 0;
+}
+
+
+/* The number of 32-bit words where a and b differ, n of them. */
+static int
+msv_inv_differ(const float *a, const float *b, size_t n, unsigned int *dcount,
+    unsigned int *count, cudaStream_t stream, char *err, size_t errlen)
+{
+    MSV_CUDA_TRY(cudaMemsetAsync(dcount, 0, sizeof(*dcount), stream),
+                 err, errlen);
+    inv_differ_kernel<<<256, 256, 0, stream>>>((const uint32_t *) a,
+                                               (const uint32_t *) b, n,
+                                               dcount);
+    MSV_CUDA_TRY(cudaGetLastError(), err, errlen);
+    MSV_CUDA_TRY(cudaMemcpyAsync(count, dcount, sizeof(*count),
+                                 cudaMemcpyDeviceToHost, stream),
+                 err, errlen);
+    MSV_CUDA_TRY(cudaStreamSynchronize(stream), err, errlen);
+    return 0;
+}
+
+
+/* Scratch of one gemm_inv_pin. */
+struct msv_inv_scratch {
+    void          *act;                  /* [256][cols] */
+    float         *out[MSV_INV_TN];      /* [msv_inv_time_n[k]][rows] */
+    unsigned int  *dcount;
+    cudaEvent_t    ev[2];
+};
+
+
+static void
+msv_inv_scratch_free(struct msv_inv_scratch *s)
+{
+    int  k;
+
+    cudaFree(s->act);
+    for (k = 0; k < MSV_INV_TN; k++) {
+        cudaFree(s->out[k]);
+    }
+    cudaFree(s->dcount);
+    for (k = 0; k < 2; k++) {
+        if (s->ev[k] != NULL) {
+            cudaEventDestroy(s->ev[k]);
+        }
+    }
+    memset(s, 0, sizeof(*s));
+}
+
+
+static int
+msv_inv_scratch_new(struct msv_inv_scratch *s, const struct msv_dmat *w,
+    cudaStream_t stream, char *err, size_t errlen)
+{
+    size_t  n_act, esz;
+    int     k;
+
+    memset(s, 0, sizeof(*s));
+    esz = w->dtype == MSV_F32 ? 4 : 2;
+    n_act = (size_t) msv_inv_time_n[MSV_INV_TN - 1] * w->cols;
+    MSV_CUDA_TRY(cudaMalloc(&s->act, n_act * esz), err, errlen);
+    for (k = 0; k < MSV_INV_TN; k++) {
+        MSV_CUDA_TRY(cudaMalloc((void **) &s->out[k],
+                                (size_t) msv_inv_time_n[k] * w->rows
+                                * sizeof(float)), err, errlen);
+    }
+    MSV_CUDA_TRY(cudaMalloc((void **) &s->dcount, sizeof(*s->dcount)),
+                 err, errlen);
+    for (k = 0; k < 2; k++) {
+        MSV_CUDA_TRY(cudaEventCreate(&s->ev[k]), err, errlen);
+    }
+    inv_fill_kernel<<<1024, 256, 0, stream>>>(s->act, w->dtype == MSV_F32,
+                                              n_act);
+    MSV_CUDA_TRY(cudaGetLastError(), err, errlen);
+    return 0;
+}
+
+
+int
+gemm_inv_init(struct msv_gemm_inv *inv, void *ws, size_t ws_bytes,
+    char *err, size_t errlen)
+{
+    cublasLtHandle_t  lt;
+
+    memset(inv, 0, sizeof(*inv));
+    MSV_CUBLAS_TRY(cublasLtCreate(&lt), err, errlen);
+    inv->lt = lt;
+    inv->ws = ws;
+    inv->ws_bytes = ws_bytes;
+    return 0;
+}
+
+
+void
+gemm_inv_free(struct msv_gemm_inv *inv)
+{
+    if (inv->lt != NULL) {
+        cublasLtDestroy(inv->lt);
+    }
+    memset(inv, 0, sizeof(*inv));
+}
+
+
+/* Time candidate c at every batch size into t[], and count in *differ the
+ * words of the leading rows where its outputs at the sizes disagree.
+ * 1: it ran; 0: cuBLASLt refused it (err set); -1: a CUDA error. */
+static int
+msv_inv_try(struct msv_gemm_inv *inv, const cublasLtMatmulAlgo_t *algo,
+    const struct msv_dmat *w, struct msv_inv_scratch *s, cudaStream_t stream,
+    float *t, unsigned int *differ, char *err, size_t errlen)
+{
+    unsigned int  d;
+    cudaError_t   e;
+    int           k;
+
+    for (k = 0; k < MSV_INV_TN; k++) {
+        if (msv_inv_time(inv, NULL, algo, w, s->act, msv_inv_time_n[k],
+                         s->out[k], stream, s->ev, &t[k], err, errlen) != 0)
+        {
+            e = cudaStreamSynchronize(stream);
+            if (e != cudaSuccess) {
+                return msv_cuda_fail(err, errlen, "cudaStreamSynchronize",
+                                     __FILE__, __LINE__, e);
+            }
+            return 0;
+        }
+    }
+    *differ = 0;
+    for (k = 0; k < MSV_INV_TN - 1; k++) {
+        if (msv_inv_differ(s->out[k], s->out[MSV_INV_TN - 1],
+                           (size_t) msv_inv_time_n[k] * w->rows, s->dcount,
+                           &d, stream, err, errlen) != 0)
+        {
+            return -1;
+        }
+        *differ += d;
+    }
+    return 1;
+}
+
+
+int
+gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
+    const struct msv_dmat *w, cudaStream_t stream, char *line,
+    size_t linelen, char *err, size_t errlen)
+{
+    cublasLtMatmulAlgo_t     cand[MSV_INV_MAXC];
+    float                    t[MSV_INV_MAXC][MSV_INV_TN], ref[MSV_INV_TN];
+    float                    best[MSV_INV_TN];
+    double                   score, best_score;
+    unsigned int             differ;
+    int                      n_cand, n_other, n_refused, ok[MSV_INV_MAXC];
+    int                      c, k, pick, rc;
+    struct msv_inv_scratch   s;
+    struct msv_inv_cfg       cfg;
+    struct msv_inv_plan     *p;
+    char                     why[256];
+
+    line[0] = '\0';
+    if (msv_inv_find(inv, w) != NULL) {
+        return 0;
+    }
+    if (inv->n_plans == MSV_INV_SHAPES) {
+        snprintf(err, errlen, "cublasLt: batch invariant: more than %d "
+                 "weight shapes", MSV_INV_SHAPES);
+        return -1;
+    }
+
+    if (msv_inv_candidates(inv, w, cand, &n_cand, err, errlen) != 0) {
+        return -1;
+    }
+    if (n_cand == 0) {
+        snprintf(err, errlen, "cublasLt: batch invariant: no algorithm "
+                 "without split-K for %u x %u %s", w->rows, w->cols,
+                 msv_inv_dtype(w));
+        return -1;
+    }
+
+    rc = -1;
+    if (msv_inv_scratch_new(&s, w, stream, err, errlen) != 0) {
+        goto done;
+    }
+
+    /* the default path, for the log */
+    for (k = 0; k < MSV_INV_TN; k++) {
+        if (msv_inv_time(inv, cublas, NULL, w, s.act, msv_inv_time_n[k],
+                         s.out[k], stream, s.ev, &ref[k], err, errlen) != 0)
+        {
+            goto done;
+        }
+    }
+
+    n_other = 0;
+    n_refused = 0;
+    why[0] = '\0';
+    for (c = 0; c < n_cand; c++) {
+        differ = 0;
+        ok[c] = msv_inv_try(inv, &cand[c], w, &s, stream, t[c], &differ,
+                            err, errlen);
+        if (ok[c] < 0) {
+            goto done;
+        }
+        if (ok[c] == 0) {
+            n_refused++;
+            snprintf(why, sizeof(why), "%s", err);
+        } else if (differ != 0) {
+            ok[c] = 0;
+            n_other++;
+        }
+    }
+
+    for (k = 0; k < MSV_INV_TN; k++) {
+        best[k] = 0.0f;
+        for (c = 0; c < n_cand; c++) {
+            if (ok[c] && (best[k] == 0.0f || t[c][k] < best[k])) {
+                best[k] = t[c][k];
+            }
+        }
+    }
+    pick = -1;
+    best_score = 0.0;
+    for (c = 0; c < n_cand; c++) {
+        if (!ok[c]) {
+            continue;
+        }
+        score = 0.0;
+        for (k = 0; k < MSV_INV_TN; k++) {
+            score += best[k] > 0.0f ? t[c][k] / best[k] : 1.0;
+        }
+        if (pick < 0 || score < best_score) {
+            pick = c;
+            best_score = score;
+        }
+    }
+    if (pick < 0) {
+        snprintf(err, errlen, "cublasLt: batch invariant: %u x %u %s: none "
+                 "of %d algorithms without split-K is usable (%d give other "
+                 "bits at n = 1, 64, 256; %d refused%s%s)", w->rows, w->cols,
+                 msv_inv_dtype(w), n_cand, n_other, n_refused,
+                 why[0] ? ": " : "", why);
+        goto done;
+    }
+
+    if (msv_inv_cfg_get(&cand[pick], &cfg, err, errlen) != 0) {
+        goto done;
+    }
+    p = &inv->plan[inv->n_plans++];
+    p->dtype = w->dtype;
+    p->rows = w->rows;
+    p->cols = w->cols;
+    p->algo = cand[pick];
+
+    snprintf(line, linelen, "batch invariant: %u x %u %s: cuBLASLt algo %d "
+             "tile %u stages %u swizzle %u custom %u inner %u cluster %u "
+             "(best of %d, %d with other bits, %d refused); ms at n = 1, "
+             "64, 256: %.4f %.4f %.4f, default path %.4f %.4f %.4f",
+             w->rows, w->cols, msv_inv_dtype(w), cfg.id, cfg.tile,
+             cfg.stages, cfg.swizzle, cfg.custom, cfg.inner, cfg.cluster,
+             n_cand, n_other, n_refused, t[pick][0], t[pick][1], t[pick][2],
+             ref[0], ref[1], ref[2]);
+    rc = 0;
+
+done:
+    if (cudaStreamSynchronize(stream) != cudaSuccess && rc == 0) {
+        snprintf(err, errlen, "cuda: batch invariant: the timing runs "
+                 "failed");
+        rc = -1;
+    }
+    msv_inv_scratch_free(&s);
+    return rc;
+}
+
+
 int
 msv_act_fmt_for(const struct msv_dmat *w, int split)
 {
@@ -162,48 +770,36 @@ msv_act_fmt_for(const struct msv_dmat *w, int split)
 }
 
 int
-linear_forward(cublasHandle_t cublas, const struct msv_dmat *w,
-    const void *act, int fmt, uint32_t n, uint32_t slice, float *out,
-    int accumulate, float *tmp, cudaStream_t stream, char *err,
+linear_forward(cublasHandle_t cublas, const struct msv_gemm_inv *inv,
+    const struct msv_dmat *w, const void *act, int fmt, uint32_t n,
+    float *out, int accumulate, float *tmp, cudaStream_t stream, char *err,
     size_t errlen)
 {
-    const float   one = 1.0f, zero = 0.0f;
-    cudaDataType  ab;
-    float        *c;
-    uint32_t      cols_n, r0;
-    size_t        esz;
+    const float                 one = 1.0f, zero = 0.0f;
+    const struct msv_inv_plan  *p;
+    cudaDataType                ab;
+    float                      *c;
+    uint32_t                    cols_n;
 
     if (n == 0) {
         return 0;
     }
 
-    if (gemv_usable(w, fmt, n, slice)) {
-        MSV_CUDA_TRY(gemv_forward(w, act, n, out, accumulate, stream),
-                     err, errlen);
-        return 0;
+    if (inv != NULL && fmt != MSV_ACT_BF16X2) {
+        p = msv_inv_find(inv, w);
+        if (p == NULL) {
+            snprintf(err, errlen, "cublasLt: batch invariant: no algorithm "
+                     "pinned for %u x %u %s", w->rows, w->cols,
+                     msv_inv_dtype(w));
+            return -1;
+        }
+        return msv_inv_run(inv, &p->algo, w, act, n, out, accumulate,
+                           stream, err, errlen);
     }
 
-    /* batch invariant: every row goes through a product of exactly slice
-     * rows, so cuBLAS picks the same algorithm (and reduction order)
-     * whatever the batch; rows past n are scratch */
-    if (slice != 0 && fmt != MSV_ACT_BF16X2) {
-        ab = w->dtype == MSV_F32 ? CUDA_R_32F : CUDA_R_16BF;
-        esz = fmt == MSV_ACT_F32 ? 4 : 2;
-        for (r0 = 0; r0 < n; r0 += slice) {
-            MSV_CUBLAS_TRY(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N,
-                                        (int) w->rows, (int) slice,
-                                        (int) w->cols, &one, w->p, ab,
-                                        (int) w->cols,
-                                        (const char *) act
-                                        + (size_t) r0 * w->cols * esz,
-                                        ab, (int) w->cols,
-                                        accumulate ? &one : &zero,
-                                        out + (size_t) r0 * w->rows,
-                                        CUDA_R_32F, (int) w->rows,
-                                        CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT),
-                           err, errlen);
-        }
+    if (gemv_usable(w, fmt, n, inv != NULL)) {
+        MSV_CUDA_TRY(gemv_forward(w, act, n, out, accumulate, stream),
+                     err, errlen);
         return 0;
     }
 

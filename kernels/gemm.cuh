@@ -2,11 +2,16 @@
  * gemm.cuh: linear layers through cuBLAS.  Weights are row-major
  * [rows = out features][cols = in features] as in the checkpoint, fp32
  * or bf16; activations row-major [n][cols]; outputs fp32 [n][rows].
- * Products accumulate in fp32 (CUBLAS_COMPUTE_32F: no TF32).
+ * Products accumulate in fp32 (CUBLAS_COMPUTE_32F: no TF32).  The
+ * default path is cublasGemmEx (cuBLAS picks the algorithm per call) or,
+ * for 1 to 8 rows of bf16, gemv_kernel; the batch-invariant one is
+ * cublasLtMatmul with an algorithm pinned per weight shape.
  */
 
 #ifndef MSV_GEMM_CUH
 #define MSV_GEMM_CUH
+
+#include <cublasLt.h>
 
 #include "cuda_common.cuh"
 
@@ -19,10 +24,72 @@ struct msv_dmat {
 
 #define MSV_GEMV_MAX  8               /* batch rows of the GEMV path */
 
+/*
+ * Batch-invariant products (MSV_CUDA_INVARIANT=1, --batch-invariant).
+ * For each weight shape (dtype, rows, cols) one cuBLASLt algorithm is
+ * pinned at create and used for every product of that shape, whatever
+ * its number of rows n, 1 included (the GEMV path stays off), prefill
+ * chunks and the lm_head alike.
+ *
+ * Why a row's output then does not depend on n: an algorithm here is a
+ * fixed kernel configuration (tile, stages, swizzle, cluster shape, ...)
+ * with split-K 1 and reduction scheme NONE, so each output element
+ * (weight row r, token m) is summed over k by exactly one thread block,
+ * in an order set by the tile and the K loop, which do not depend on n;
+ * more tokens only add tiles along n.  The element is fp32 acc * alpha
+ * (+ beta * the old value when accumulating), per element.  Split-K and
+ * stream-K (K divided among blocks according to the grid, hence to n,
+ * partial sums added in a workspace or the output) are excluded by the
+ * heuristic's preference (reduction scheme mask NONE) and by reading each
+ * candidate's config back; and gemm_inv_pin runs each candidate at n =
+ * 1, 64 and 256 on the same leading rows and drops any whose bits differ.
+ *
+ * The workspace is fixed device memory: decode steps are captured as CUDA
+ * graphs, which bake in its pointer; cublasLtMatmul on a stream with a
+ * caller-given workspace allocates nothing and can be captured.
+ */
+#define MSV_INV_SHAPES  8             /* distinct weight shapes of a model */
+
+struct msv_inv_plan {
+    int                   dtype;
+    uint32_t              rows;
+    uint32_t              cols;
+    cublasLtMatmulAlgo_t  algo;
+};
+
+struct msv_gemm_inv {
+    cublasLtHandle_t      lt;
+    void                 *ws;         /* device, fixed */
+    size_t                ws_bytes;
+    struct msv_inv_plan   plan[MSV_INV_SHAPES];
+    int                   n_plans;
+};
+
+/* lt handle for workspace ws (ws_bytes, device memory the caller owns and
+ * keeps for inv's life); no plans yet.  0, or -1 with err set. */
+int gemm_inv_init(struct msv_gemm_inv *inv, void *ws, size_t ws_bytes,
+    char *err, size_t errlen);
+
+void gemm_inv_free(struct msv_gemm_inv *inv);
+
+/*
+ * Pin an algorithm for w's shape unless one is pinned already (then 0
+ * and line[0] = 0).  Candidates: the heuristic's results for n = 1, 64,
+ * 256 without split-K; each timed on w itself at n = 1, 64, 256 (scratch
+ * activations, synchronous on stream), the one with the least sum of its
+ * times relative to the fastest candidate at each n kept.  line: one line
+ * naming the chosen config, its times and the default path's.  cublas
+ * times the default path.  0, or -1 with err set.
+ */
+int gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
+    const struct msv_dmat *w, cudaStream_t stream, char *line,
+    size_t linelen, char *err, size_t errlen);
+
 /* Whether linear_forward takes the GEMV path: bf16 weights and
- * activations, 1 to MSV_GEMV_MAX rows, cols a multiple of 8, no slices. */
+ * activations, 1 to MSV_GEMV_MAX rows, cols a multiple of 8, not
+ * batch invariant. */
 int gemv_usable(const struct msv_dmat *w, int fmt, uint32_t n,
-    uint32_t slice);
+    int invariant);
 
 /* out[n][w->rows] (+)= act[n][w->cols] . w^T, bf16 act, n <= 8. */
 cudaError_t gemv_forward(const struct msv_dmat *w, const void *act,
@@ -35,14 +102,14 @@ int msv_act_fmt_for(const struct msv_dmat *w, int split);
 /*
  * out = act . w^T (+ out when accumulate), act in format fmt (as
  * msv_act_fmt_for gives).  For BF16X2, tmp is scratch of [2 n][w->rows]
- * fp32; otherwise unused.  slice > 0 (not with BF16X2): products of
- * exactly slice rows each, for batch invariance; act and out then have
- * rows up to n rounded up to slice.  The cuBLAS handle runs on stream.
- * 0, or -1 with err set.
+ * fp32; otherwise unused.  inv != NULL (not with BF16X2, which is not
+ * batch invariant): through the algorithm pinned for w's shape
+ * (gemm_inv_pin), an error if there is none.  The cuBLAS handle runs on
+ * stream.  0, or -1 with err set.
  */
-int linear_forward(cublasHandle_t cublas, const struct msv_dmat *w,
-    const void *act, int fmt, uint32_t n, uint32_t slice, float *out,
-    int accumulate, float *tmp, cudaStream_t stream, char *err,
+int linear_forward(cublasHandle_t cublas, const struct msv_gemm_inv *inv,
+    const struct msv_dmat *w, const void *act, int fmt, uint32_t n,
+    float *out, int accumulate, float *tmp, cudaStream_t stream, char *err,
     size_t errlen);
 
 #endif /* MSV_GEMM_CUH */

@@ -463,3 +463,133 @@ msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
     msv_check_free(&bufs);
     return rc;
 }
+
+
+/* Bytes rounded up to 256: each run's rows start aligned, as the
+ * backend's buffers (cudaMalloc'd, lm_head chunks of 512 rows) do. */
+#define MSV_CHECK_ALIGN(bytes)  (((bytes) + 255) & ~(size_t) 255)
+
+static int
+msv_check_linear_inv(struct msv_check_bufs *bufs, float *out, const void *w,
+    const void *act, int fmt, uint32_t rows, uint32_t cols,
+    const uint32_t *n, uint32_t n_runs, int accumulate, char *err,
+    size_t errlen)
+{
+    struct msv_gemm_inv  inv;
+    struct msv_dmat      m;
+    cublasHandle_t       cublas;
+    cudaStream_t         stream;
+    void                *dw, *dx, *dout, *ws;
+    size_t               esz, xb, ob, xo, oo, r0;
+    uint32_t             k;
+    char                 line[512];
+    int                  rc;
+
+    if (fmt != MSV_ACT_BF16 && fmt != MSV_ACT_F32) {
+        snprintf(err, errlen, "kernel check: linear_inv: format %d", fmt);
+        return -1;
+    }
+    esz = fmt == MSV_ACT_F32 ? 4 : 2;
+    xb = 0;
+    ob = 0;
+    for (k = 0; k < n_runs; k++) {
+        xb += MSV_CHECK_ALIGN((size_t) n[k] * cols * esz);
+        ob += MSV_CHECK_ALIGN((size_t) n[k] * rows * sizeof(float));
+    }
+    if (msv_check_put(bufs, &dw, w, (size_t) rows * cols * esz, err, errlen)
+        != 0
+        || msv_check_put(bufs, &dx, NULL, xb, err, errlen) != 0
+        || msv_check_put(bufs, &dout, NULL, ob, err, errlen) != 0
+        || msv_check_put(bufs, &ws, NULL, 32u << 20, err, errlen) != 0)
+    {
+        return -1;
+    }
+    xo = 0;
+    oo = 0;
+    r0 = 0;
+    for (k = 0; k < n_runs; k++) {
+        MSV_CUDA_TRY(cudaMemcpy((char *) dx + xo,
+                                (const char *) act + r0 * cols * esz,
+                                (size_t) n[k] * cols * esz,
+                                cudaMemcpyHostToDevice), err, errlen);
+        MSV_CUDA_TRY(cudaMemcpy((char *) dout + oo, out + r0 * rows,
+                                (size_t) n[k] * rows * sizeof(float),
+                                cudaMemcpyHostToDevice), err, errlen);
+        xo += MSV_CHECK_ALIGN((size_t) n[k] * cols * esz);
+        oo += MSV_CHECK_ALIGN((size_t) n[k] * rows * sizeof(float));
+        r0 += n[k];
+    }
+    m.p = dw;
+    m.dtype = fmt == MSV_ACT_F32 ? MSV_F32 : MSV_BF16;
+    m.rows = rows;
+    m.cols = cols;
+
+    MSV_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                 err, errlen);
+    cublas = NULL;
+    rc = -1;
+    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS
+        || cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS)
+    {
+        snprintf(err, errlen, "kernel check: cublasCreate failed");
+        goto done;
+    }
+    if (gemm_inv_init(&inv, ws, 32u << 20, err, errlen) != 0) {
+        goto done;
+    }
+    if (gemm_inv_pin(&inv, cublas, &m, stream, line, sizeof(line), err,
+                     errlen) == 0)
+    {
+        rc = 0;
+        xo = 0;
+        oo = 0;
+        for (k = 0; k < n_runs && rc == 0; k++) {
+            rc = linear_forward(cublas, &inv, &m, (const char *) dx + xo,
+                                fmt, n[k], (float *) ((char *) dout + oo),
+                                accumulate, NULL, stream, err, errlen);
+            xo += MSV_CHECK_ALIGN((size_t) n[k] * cols * esz);
+            oo += MSV_CHECK_ALIGN((size_t) n[k] * rows * sizeof(float));
+        }
+        if (rc == 0 && cudaStreamSynchronize(stream) != cudaSuccess) {
+            snprintf(err, errlen, "kernel check: linear_inv: the products "
+                     "failed");
+            rc = -1;
+        }
+    }
+    gemm_inv_free(&inv);
+
+done:
+    if (cublas != NULL) {
+        cublasDestroy(cublas);
+    }
+    cudaStreamDestroy(stream);
+    if (rc != 0) {
+        return -1;
+    }
+    oo = 0;
+    r0 = 0;
+    for (k = 0; k < n_runs; k++) {
+        MSV_CUDA_TRY(cudaMemcpy(out + r0 * rows, (char *) dout + oo,
+                                (size_t) n[k] * rows * sizeof(float),
+                                cudaMemcpyDeviceToHost), err, errlen);
+        oo += MSV_CHECK_ALIGN((size_t) n[k] * rows * sizeof(float));
+        r0 += n[k];
+    }
+    return 0;
+}
+
+
+extern "C" int
+msv_cuda_run_linear_inv(float *out, const void *w, const void *act, int fmt,
+    uint32_t rows, uint32_t cols, const uint32_t *n, uint32_t n_runs,
+    int accumulate, char *err, size_t errlen)
+{
+    struct msv_check_bufs  bufs;
+    int                    rc;
+
+    bufs.n = 0;
+    rc = msv_check_linear_inv(&bufs, out, w, act, fmt, rows, cols, n, n_runs,
+                              accumulate, err, errlen);
+    msv_check_free(&bufs);
+    return rc;
+}

@@ -72,6 +72,18 @@ int msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
     uint32_t rows, uint32_t cols, uint32_t n, int accumulate, char *err,
     size_t errlen);
 
+/*
+ * Batch-invariant products: one cuBLASLt algorithm pinned for the shape
+ * (gemm_inv_pin), then linear_forward with it for each of n_runs
+ * products, run k of n[k] rows: out_k [n[k]][rows] (+)= act_k [n[k]][cols]
+ * . w[rows][cols]^T, the runs' act and out concatenated in order.  fmt
+ * MSV_CHECK_BF16: w and act are bf16 bits (uint16_t); MSV_CHECK_F32:
+ * fp32.  out is read first when accumulate.
+ */
+int msv_cuda_run_linear_inv(float *out, const void *w, const void *act,
+    int fmt, uint32_t rows, uint32_t cols, const uint32_t *n,
+    uint32_t n_runs, int accumulate, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,7 +11,10 @@
  *   - paged attention, fp32 and bf16 KV, GQA ratios 1 to 7, a peaked
  *     case and one with every key equal: the serial and the split + merge
  *     forms must give identical bytes;
- *   - the bf16 GEMV of small batches, with and without accumulate.
+ *   - the bf16 GEMV of small batches, with and without accumulate;
+ *   - batch-invariant products (the pinned cuBLASLt algorithm): one row's
+ *     output the same bits at every position in products of 1 to 256
+ *     rows, bf16 and fp32 weights, odd shapes.
  *
  * Tolerance 1e-5 (4e-3 for bf16 output and the bf16 KV store).
  * Header-only, after backend_check.h; needs a build with CUDA.
@@ -647,6 +650,148 @@ check_gemv(void)
 }
 
 
+/* One value of a random matrix, stored as fmt (bf16 bits or fp32) at
+ * element i of dst; the value stored, as a float, in val[i]. */
+static void
+chk_put_val(void *dst, float *val, size_t i, int fmt, float v)
+{
+    uint16_t  h;
+
+    if (fmt == MSV_CHECK_BF16) {
+        h = chk_to_bf16(v);
+        ((uint16_t *) dst)[i] = h;
+        val[i] = chk_bf16_val(h);
+    } else {
+        ((float *) dst)[i] = v;
+        val[i] = v;
+    }
+}
+
+
+/*
+ * Batch-invariant products (linear_forward through the cuBLASLt algorithm
+ * pinned for the shape): one activation row, the probe, at a different
+ * position inside products of 1, 3, 8, 9, 64, 100 and 256 rows whose other
+ * rows are random.  The probe's output row must be the same bits in every
+ * product (with accumulate, over the same old values), and every row of
+ * every product within CHK_TOL_KERNEL of a double-precision product.
+ */
+static void
+check_linear_invariant(void)
+{
+    static const uint32_t  sizes[] = { 1, 3, 8, 9, 64, 100, 256 };
+    static const uint32_t  probe_at[] = { 0, 2, 5, 8, 37, 99, 200 };
+    static const uint32_t  cases[][4] = {   /* rows, cols, fmt, accumulate */
+        { 96, 64, MSV_CHECK_BF16, 0 }, { 200, 136, MSV_CHECK_BF16, 1 },
+        { 151, 1000, MSV_CHECK_BF16, 0 }, { 64, 4096, MSV_CHECK_BF16, 1 },
+        { 96, 64, MSV_CHECK_F32, 0 }, { 200, 136, MSV_CHECK_F32, 1 },
+    };
+    enum { RUNS = sizeof(sizes) / sizeof(sizes[0]) };
+    char        err[512];
+    void       *w, *x;
+    float      *wv, *xv, *pv, *old, *out, *ref;
+    double      sum;
+    uint32_t    c, k, m, r, i, rows, cols, total, row0, first, bad_n;
+    size_t      esz;
+    int         fmt, acc, bad;
+
+    total = 0;
+    for (k = 0; k < RUNS; k++) {
+        total += sizes[k];
+    }
+    for (c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        rows = cases[c][0];
+        cols = cases[c][1];
+        fmt = (int) cases[c][2];
+        acc = (int) cases[c][3];
+        esz = fmt == MSV_CHECK_BF16 ? 2 : 4;
+        w = chk_alloc((size_t) rows * cols * esz);
+        wv = chk_alloc((size_t) rows * cols * sizeof(float));
+        x = chk_alloc((size_t) total * cols * esz);
+        xv = chk_alloc((size_t) total * cols * sizeof(float));
+        pv = chk_alloc((size_t) cols * sizeof(float));
+        old = chk_alloc((size_t) rows * sizeof(float));
+        out = chk_alloc((size_t) total * rows * sizeof(float));
+        ref = chk_alloc((size_t) total * rows * sizeof(float));
+
+        for (i = 0; i < rows * cols; i++) {
+            chk_put_val(w, wv, i, fmt, chk_uniform() / sqrtf((float) cols));
+        }
+        chk_fill(pv, cols, 2.0f);
+        chk_fill(old, rows, 1.0f);
+        chk_fill(out, (size_t) total * rows, 1.0f);
+        row0 = 0;
+        for (k = 0; k < RUNS; k++) {
+            for (m = 0; m < sizes[k]; m++) {
+                for (i = 0; i < cols; i++) {
+                    chk_put_val(x, xv, (size_t) (row0 + m) * cols + i, fmt,
+                                m == probe_at[k] ? pv[i]
+                                                 : 2.0f * chk_uniform());
+                }
+            }
+            /* the probe's old output values: the same in every product */
+            memcpy(out + (size_t) (row0 + probe_at[k]) * rows, old,
+                   rows * sizeof(float));
+            row0 += sizes[k];
+        }
+        for (m = 0; m < total; m++) {
+            for (r = 0; r < rows; r++) {
+                sum = acc ? out[(size_t) m * rows + r] : 0.0;
+                for (i = 0; i < cols; i++) {
+                    sum += (double) wv[(size_t) r * cols + i]
+                           * xv[(size_t) m * cols + i];
+                }
+                ref[(size_t) m * rows + r] = (float) sum;
+            }
+        }
+
+        if (msv_cuda_run_linear_inv(out, w, x, fmt, rows, cols, sizes, RUNS,
+                                    acc, err, sizeof(err)) != 0)
+        {
+            chk_fail("kernel linear invariant %ux%u: %s", rows, cols, err);
+        } else {
+            /* the probe of the n = 1 product against every other */
+            first = probe_at[0];
+            bad = 0;
+            bad_n = 0;
+            row0 = 0;
+            for (k = 0; k < RUNS; k++) {
+                if (!bad && memcmp(out + (size_t) (row0 + probe_at[k]) * rows,
+                                   out + (size_t) first * rows,
+                                   rows * sizeof(float)) != 0)
+                {
+                    bad = 1;
+                    bad_n = sizes[k];
+                }
+                row0 += sizes[k];
+            }
+            if (bad) {
+                chk_fail("kernel linear invariant %ux%u %s: the probe row "
+                         "at n=%u differs from n=1", rows, cols,
+                         fmt == MSV_CHECK_BF16 ? "bf16" : "f32", bad_n);
+            } else {
+                tap_ok(1, "kernel linear invariant %ux%u %s%s: the probe "
+                       "row the same bits at n = 1, 3, 8, 9, 64, 100, 256",
+                       rows, cols, fmt == MSV_CHECK_BF16 ? "bf16" : "f32",
+                       acc ? " accumulate" : "");
+            }
+            chk_record(chk_rel_rows(out, ref, total, rows), CHK_TOL_KERNEL,
+                       "kernel linear invariant %ux%u %s%s", rows, cols,
+                       fmt == MSV_CHECK_BF16 ? "bf16" : "f32",
+                       acc ? " accumulate" : "");
+        }
+        free(w);
+        free(wv);
+        free(x);
+        free(xv);
+        free(pv);
+        free(old);
+        free(out);
+        free(ref);
+    }
+}
+
+
 /* Every kernel check, in this order (the random inputs follow the seed). */
 static void
 check_kernels(void)
@@ -655,6 +800,7 @@ check_kernels(void)
     check_qkv_rope();
     check_attention();
     check_gemv();
+    check_linear_invariant();
 }
 
 #endif /* MSV_HAVE_CUDA */

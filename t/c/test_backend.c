@@ -12,8 +12,9 @@
  *   3. Whole model, CUDA against the CPU backend: the same schedule
  *      (prefills, decodes, mixed and chunked batches, page reuse) through
  *      both, logits compared step by step, in both precisions (MSV_CUDA_ACT
- *      split and bf16): the tiny preset, its weights rounded to bf16,
- *      each fixture, and qwen3-0.6b (dummy bf16; not with -q).
+ *      split and bf16) and in bf16 batch invariant (MSV_CUDA_INVARIANT=1):
+ *      the tiny preset, its weights rounded to bf16, each fixture, and
+ *      qwen3-0.6b (dummy bf16; not with -q).
  *   4. Each fixture in t/fixtures (config.json, model.safetensors,
  *      ref.json, ref.bin; made by tools/make_fixtures.py), loaded once,
  *      against its Hugging Face float64 logits on every backend: (a) each
@@ -376,7 +377,7 @@ chk_any_bf16(const struct msv_weights *w)
 /* The schedule through both backends; records the largest error. */
 static void
 check_model(const char *name, const struct msv_model_config *cfg,
-    const struct msv_weights *w, const char *act, double tol)
+    const struct msv_weights *w, const char *act, int invariant, double tol)
 {
     struct duo  d;
     char        err[512];
@@ -392,6 +393,7 @@ check_model(const char *name, const struct msv_model_config *cfg,
     d.out[1] = chk_alloc(d.max_rows * d.vocab * sizeof(float));
 
     setenv("MSV_CUDA_ACT", act, 1);
+    setenv("MSV_CUDA_INVARIANT", invariant ? "1" : "0", 1);
     d.b[0] = msv_kvd_create(d.ops[0], cfg, w, CHK_MAX_SEQS, CHK_MAX_LEN, 0,
                               chk_threads, err, sizeof(err));
     if (d.b[0] == NULL) {
@@ -433,9 +435,9 @@ check_model(const char *name, const struct msv_model_config *cfg,
 #undef STEP
 
     if (!d.broken) {
-        chk_record(d.err, tol, "%s cuda vs cpu (%d steps)%s", name, d.step,
-                   chk_any_bf16(w) && strcmp(act, "bf16") == 0
-                   ? " bf16 act" : "");
+        chk_record(d.err, tol, "%s cuda vs cpu (%d steps)%s%s", name,
+                   d.step, chk_any_bf16(w) && strcmp(act, "bf16") == 0
+                   ? " bf16 act" : "", invariant ? " invariant" : "");
     }
 
 done:
@@ -446,6 +448,7 @@ done:
         msv_kvd_destroy(d.ops[1], d.b[1]);
     }
     unsetenv("MSV_CUDA_ACT");
+    unsetenv("MSV_CUDA_INVARIANT");
     free(d.out[0]);
     free(d.out[1]);
 }
@@ -457,10 +460,12 @@ check_model_modes(const char *name, const struct msv_model_config *cfg,
     const struct msv_weights *w)
 {
     /* split: fp32 KV and hi + lo products; bf16: bf16 KV (and bf16
-     * activations for bf16 weights) */
-    check_model(name, cfg, w, "split",
+     * activations for bf16 weights); bf16 batch invariant: every product
+     * through its pinned cuBLASLt algorithm, the lm_head included */
+    check_model(name, cfg, w, "split", 0,
                 chk_any_bf16(w) ? CHK_TOL_BF16 : CHK_TOL_F32);
-    check_model(name, cfg, w, "bf16", CHK_TOL_BF16_ACT);
+    check_model(name, cfg, w, "bf16", 0, CHK_TOL_BF16_ACT);
+    check_model(name, cfg, w, "bf16", 1, CHK_TOL_BF16_ACT);
 }
 
 
