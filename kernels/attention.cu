@@ -599,6 +599,9 @@ attention_vec_kernel(struct msv_attn_args a, uint32_t n_groups, uint32_t S)
  */
 #define MSV_ATTN_MMA_WARPS  (MSV_ATTN_SPLIT / MSV_KV_BLOCK)
 #define MSV_ATTN_MMA_HEADS  8
+#ifndef MSV_ATTN_MMA_MINB
+#define MSV_ATTN_MMA_MINB   3          /* blocks an SM (__launch_bounds__) */
+#endif
 
 static_assert(MSV_KV_BLOCK == 16, "an mma tile of keys is one page");
 static_assert(MSV_ATTN_MMA_WARPS * 32 == MSV_ATTN_THREADS,
@@ -682,7 +685,7 @@ msv_attn_mma_smem(uint32_t hd)
 }
 
 template <int HD>
-static __global__ void __launch_bounds__(MSV_ATTN_THREADS, 3)
+static __global__ void __launch_bounds__(MSV_ATTN_THREADS, MSV_ATTN_MMA_MINB)
 attention_mma_kernel(struct msv_attn_args a, uint32_t S)
 {
     extern __shared__ uint4   smq[];
