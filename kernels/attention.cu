@@ -1039,7 +1039,8 @@ attention_tile_kernel(struct msv_attn_args a, uint32_t S)
     uint32_t                  qa[3][HD / 16][4], ph[4][4], pl[4][4], fr[4],
                               t0, cnt, kvh, g, h0, tid, lane, warp, r, q,
                               pos0, nkeys, ns, s, sn, cur, key0, npg, kk, ks,
-                              n, i, u, d, row, hh[2], ti[2], rp[2], wmax;
+                              n, i, u, d, row, hh[2], ti[2], rp[2], wmax,
+                              tix;
     int                       act[2], ok[2], wbusy;
     int32_t                   poff;
     float                     sc[8][4], A[HD / 8][4], o[2][4], x[4], M[2],
@@ -1047,8 +1048,12 @@ attention_tile_kernel(struct msv_attn_args a, uint32_t S)
                               e0, e1;
     size_t                    wp;
 
-    t0 = (uint32_t) a.tiles[2 * blockIdx.x];
-    cnt = (uint32_t) a.tiles[2 * blockIdx.x + 1];
+    /* the last tiles first: a run's later tiles walk more splits, so
+     * the long blocks start in the first wave and the short ones fill the
+     * tail */
+    tix = gridDim.x - 1 - blockIdx.x;
+    t0 = (uint32_t) a.tiles[2 * tix];
+    cnt = (uint32_t) a.tiles[2 * tix + 1];
     kvh = blockIdx.y;
     g = a.n_heads / a.n_kv_heads;
     h0 = kvh * g;

@@ -43,7 +43,10 @@
                                           when the shapes do not allow it */
 
 #define MSV_ATTN_TILE_ROWS   64        /* (token, head) rows of a tile */
-#define MSV_ATTN_TILE_MIN    16        /* the shortest run worth a tile */
+#define MSV_ATTN_TILE_MIN    16        /* the shortest run worth a tile:
+                                          a full one at 4 heads per kv
+                                          head; shorter runs (decode,
+                                          short chunks) re-read few keys */
 
 struct msv_attn_args {
     void           *out;        /* [n_tokens][n_heads * head_dim], out_fmt */
