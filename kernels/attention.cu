@@ -2,6 +2,9 @@
  * attention.cu: one block per (token, kv head, group of up to
  * MSV_ATTN_GROUP query heads sharing that kv head), so each K and V row
  * is read once for the whole group; in the parallel form also per split.
+ * The per-token kernels take the tokens of a.rest (block x: rest[x]), or
+ * every token when rest is NULL; the tiled prefill kernel (at the end)
+ * takes the plan's tiles.
  *
  * A block walks its keys one KV page (MSV_KV_BLOCK positions) at a time:
  *   load:    the page's K and V rows into shared memory as fp32, with
@@ -93,7 +96,7 @@ attention_kernel(struct msv_attn_args a, uint32_t n_groups, uint32_t S)
     size_t                   kvoff, w;
     int                      off;
 
-    t = blockIdx.x;
+    t = a.rest != NULL ? (uint32_t) a.rest[blockIdx.x] : blockIdx.x;
     kvh = blockIdx.y / n_groups;
     gz = blockIdx.y % n_groups;
     hd = a.head_dim;
@@ -299,7 +302,7 @@ attention_vec_kernel(struct msv_attn_args a, uint32_t n_groups, uint32_t S)
     size_t                    kvoff, w;
     int                       off;
 
-    t = blockIdx.x;
+    t = a.rest != NULL ? (uint32_t) a.rest[blockIdx.x] : blockIdx.x;
     kvh = blockIdx.y / n_groups;
     gz = blockIdx.y % n_groups;
     hd = a.head_dim;
@@ -708,7 +711,7 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
                               v[4], mx, l, ms, ls, as, mt, lt;
     size_t                    wp;
 
-    t = blockIdx.x;
+    t = a.rest != NULL ? (uint32_t) a.rest[blockIdx.x] : blockIdx.x;
     kvh = blockIdx.y;
     ng = a.n_heads / a.n_kv_heads;
     h0 = kvh * ng;
@@ -978,6 +981,359 @@ attention_mma_kernel(struct msv_attn_args a, uint32_t S)
 }
 
 
+/*
+ * The tiled prefill form (bf16 KV, head_dim 16, 32, 64 or 128, up to 8
+ * query heads per kv head).  One block per (tile, kv head), per split in
+ * the parallel form.  A tile is up to attention_tile_tokens(g) = 64 / g
+ * consecutive query tokens of one sequence (g query heads per kv head),
+ * taken as MSV_ATTN_TILE_ROWS = 64 rows (token i, head h) -> row i g + h,
+ * so that the block's 64 rows are full whatever g is (up to 64 mod g
+ * idle) and every K/V split it loads serves 64 query rows, as in
+ * flash-attention 2 with 64-row tiles; 16 tokens x 4 heads for Qwen3-8B.
+ * (16 queries x g heads would leave the rows idle for g = 1, and 64
+ * queries x g heads would need g times the registers.)  Four warps, warp
+ * w owns rows 16 w .. 16 w + 15, the A rows of its mma tiles.
+ *
+ * A block walks the splits (MSV_ATTN_SPLIT = 64 keys, four pages) up to
+ * the tile's last position.  Per split:
+ *   load:    cp.async of the split's K and V rows (bf16, as stored, through
+ *            the page table) into one of two shared stages, once for the
+ *            whole tile; rows past the tile's last key zero-filled; the
+ *            next split is in flight while this one computes;
+ *   scores:  S = Q K^T by mma m16n8k16, fp32 accumulate; q is carried as
+ *            three bf16 terms hi + lo + lo2 (hi = bf16(q), lo = bf16(q -
+ *            hi), lo2 = bf16(q - hi - lo): q to fp32 precision), so three
+ *            mma per tile product where the per-token kernel put the
+ *            terms into its idle rows; K fragments by ldmatrix;
+ *   mask:    key j of the split for a row at position p only if j <= p,
+ *            the others -inf; pages past the warp's last position are
+ *            neither multiplied nor read;
+ *   softmax: the split's row max m over a quad of lanes, p = exp(s - m)
+ *            split into bf16 hi + lo, l = the sum of hi + lo;
+ *   values:  O_split = P V by mma, hi and lo each (two mma), V fragments
+ *            by ldmatrix.trans, into fresh accumulators;
+ *   fold:    the split's (m, l, O_split) into the row's state with
+ *            msv_attn_fold_scale / msv_attn_fold_out, in split order
+ *            (serial form), or written to the workspace for the merge
+ *            kernel (parallel form): the forms give the same bits.
+ * A row whose position is before the split's first key takes no part in
+ * it, as the per-token kernels never see such a split.
+ */
+#define MSV_ATTN_TILE_WARPS  (MSV_ATTN_TILE_ROWS / 16)
+
+static_assert(MSV_ATTN_TILE_WARPS * 32 == MSV_ATTN_THREADS,
+              "16 rows per warp, the block's threads");
+static_assert(MSV_ATTN_TILE_ROWS / MSV_ATTN_MMA_HEADS >= 1,
+              "a tile holds a token of every head");
+
+/* Bytes of the stages: two, each the K and V rows of a split. */
+static size_t
+msv_attn_tile_smem(uint32_t hd)
+{
+    return (size_t) 2 * 2 * MSV_ATTN_SPLIT * (hd + 8)
+           * sizeof(__nv_bfloat16);
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(MSV_ATTN_THREADS, 2)
+attention_tile_kernel(struct msv_attn_args a, uint32_t S)
+{
+    extern __shared__ uint4   smt[];
+    const uint32_t            RS = HD + 8;     /* row stride, elements */
+    const uint32_t            SB = 2 * MSV_ATTN_SPLIT * RS;   /* a stage */
+    __nv_bfloat16            *sm, *kt, *vt;
+    const float              *qp[2];
+    uint32_t                  qa[3][HD / 16][4], ph[4][4], pl[4][4], fr[4],
+                              t0, cnt, kvh, g, h0, tid, lane, warp, r, q,
+                              pos0, nkeys, ns, s, sn, cur, key0, npg, kk, ks,
+                              n, i, u, d, row, hh[2], ti[2], rp[2], wmax,
+                              tix;
+    int                       act[2], ok[2], wbusy;
+    int32_t                   poff;
+    float                     sc[8][4], A[HD / 8][4], o[2][4], x[4], M[2],
+                              L[2], mx[2], l[2], fa[2], fb[2], hi, lo, lo2,
+                              e0, e1;
+    size_t                    wp;
+
+    /* the last tiles first: a run's later tiles walk more splits, so
+     * the long blocks start in the first wave and the short ones fill the
+     * tail */
+    tix = gridDim.x - 1 - blockIdx.x;
+    t0 = (uint32_t) a.tiles[2 * tix];
+    cnt = (uint32_t) a.tiles[2 * tix + 1];
+    kvh = blockIdx.y;
+    g = a.n_heads / a.n_kv_heads;
+    h0 = kvh * g;
+    tid = threadIdx.x;
+    lane = tid & 31;
+    warp = tid >> 5;
+    r = lane >> 2;
+    q = lane & 3;
+
+    pos0 = (uint32_t) a.kv.pos[t0];
+    nkeys = pos0 + cnt;                /* the keys of the tile's last row */
+    ns = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_ATTN_SPLIT);
+    if (blockIdx.z >= ns) {
+        return;                        /* the whole block: no barrier yet */
+    }
+
+    /* the lane's rows: r (u = 0) and r + 8 (u = 1) of the warp's 16; an
+     * idle row (past the tile) computes at the tile's first position on
+     * zeros and is never stored */
+    for (u = 0; u < 2; u++) {
+        row = warp * 16 + r + 8 * u;
+        ti[u] = row / g;
+        hh[u] = row % g;
+        ok[u] = ti[u] < cnt;
+        rp[u] = ok[u] ? pos0 + ti[u] : pos0;
+        qp[u] = a.q + (size_t) (t0 + (ok[u] ? ti[u] : 0)) * a.q_stride
+                + (size_t) (h0 + hh[u]) * HD;
+    }
+    /* the warp's last position (rows are in token order); a warp whose
+     * rows are all idle computes nothing */
+    wmax = pos0 + min(cnt - 1, (warp * 16 + 15) / g);
+    wbusy = warp * 16 / g < cnt;
+
+    /* q fragments, three terms: a[0] row r, a[1] row r + 8, a[2], a[3]
+     * the same rows 8 dimensions on */
+#pragma unroll
+    for (ks = 0; ks < HD / 16; ks++) {
+#pragma unroll
+        for (i = 0; i < 4; i++) {
+            u = i & 1;
+            d = ks * 16 + 2 * q + (i >> 1) * 8;
+            x[0] = ok[u] ? qp[u][d] : 0.0f;
+            x[1] = ok[u] ? qp[u][d + 1] : 0.0f;
+            msv_split_bf16(x[0], &hi, &lo);
+            lo2 = __bfloat162float(__float2bfloat16_rn(x[0] - hi - lo));
+            x[0] = hi;
+            x[2] = lo;
+            x[3] = lo2;
+            msv_split_bf16(x[1], &hi, &lo);
+            lo2 = __bfloat162float(__float2bfloat16_rn(x[1] - hi - lo));
+            qa[0][ks][i] = msv_pack_bf16(x[0], hi);
+            qa[1][ks][i] = msv_pack_bf16(x[2], lo);
+            qa[2][ks][i] = msv_pack_bf16(x[3], lo2);
+        }
+    }
+
+#pragma unroll
+    for (n = 0; n < HD / 8; n++) {
+        A[n][0] = A[n][1] = A[n][2] = A[n][3] = 0.0f;
+    }
+    M[0] = M[1] = -INFINITY;           /* the rows' states */
+    L[0] = L[1] = 0.0f;
+
+    sm = (__nv_bfloat16 *) smt;
+    poff = a.kv.page_off[a.kv.tok_seq[t0]];
+
+#define MSV_ATTN_TILE_FETCH(SPLIT, STAGE)                                    \
+    do {                                                                     \
+        __nv_bfloat16  *kt_ = sm + (size_t) (STAGE) * SB;                    \
+        __nv_bfloat16  *vt_ = kt_ + MSV_ATTN_SPLIT * RS;                     \
+        uint32_t        c_, row_, col_, key_;                                \
+        for (c_ = tid; c_ < MSV_ATTN_SPLIT * HD / 8;                         \
+             c_ += MSV_ATTN_THREADS)                                         \
+        {                                                                    \
+            row_ = c_ / (HD / 8);                                            \
+            col_ = (c_ % (HD / 8)) * 8;                                      \
+            key_ = (SPLIT) * MSV_ATTN_SPLIT + row_;                          \
+            const __nv_bfloat16  *kg_ =                                      \
+                (const __nv_bfloat16 *) a.kv.k_cache;                        \
+            const __nv_bfloat16  *vg_ =                                      \
+                (const __nv_bfloat16 *) a.kv.v_cache;                        \
+            if (key_ < nkeys) {                                              \
+                size_t  b_ = (((size_t) a.kv.pages[poff                      \
+                                   + key_ / MSV_KV_BLOCK] * a.n_kv_heads     \
+                               + kvh) * MSV_KV_BLOCK                         \
+                              + key_ % MSV_KV_BLOCK) * HD + col_;            \
+                kg_ += b_;                                                   \
+                vg_ += b_;                                                   \
+            }                                                                \
+            msv_cp_async16(kt_ + row_ * RS + col_, kg_,                      \
+                           key_ < nkeys ? 16u : 0u);                         \
+            msv_cp_async16(vt_ + row_ * RS + col_, vg_,                      \
+                           key_ < nkeys ? 16u : 0u);                         \
+        }                                                                    \
+        msv_cp_async_commit();                                               \
+    } while (0)
+
+    s = blockIdx.z;
+    cur = 0;
+    MSV_ATTN_TILE_FETCH(s, 0);
+
+    for ( ;; ) {
+        msv_cp_async_wait_all();
+        __syncthreads();               /* the stage is there for every
+                                          warp, and every warp is done
+                                          with the one the next fetch
+                                          fills */
+        sn = s + gridDim.z;
+        if (sn < ns) {
+            MSV_ATTN_TILE_FETCH(sn, cur ^ 1);
+        }
+
+        key0 = s * MSV_ATTN_SPLIT;
+        kt = sm + (size_t) cur * SB;
+        vt = kt + MSV_ATTN_SPLIT * RS;
+        /* pages of the split the warp's rows reach (warp-uniform) */
+        npg = wbusy && key0 <= wmax ? min((uint32_t) (MSV_ATTN_SPLIT / MSV_KV_BLOCK),
+                                 (wmax - key0) / MSV_KV_BLOCK + 1)
+                           : 0;
+        act[0] = ok[0] && key0 <= rp[0];
+        act[1] = ok[1] && key0 <= rp[1];
+
+        if (npg > 0) {
+            /* scores: keys 16 kk + 8 (n & 1) + 2 q + {0, 1} of tile n */
+#pragma unroll
+            for (n = 0; n < 8; n++) {
+                sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            }
+#pragma unroll
+            for (kk = 0; kk < 4; kk++) {
+                if (kk >= npg) {
+                    break;
+                }
+#pragma unroll
+                for (ks = 0; ks < HD / 16; ks++) {
+                    msv_ldmatrix_x4(fr, kt + (kk * 16 + (lane >> 4) * 8
+                                              + (lane & 7)) * RS
+                                           + ks * 16 + ((lane >> 3) & 1) * 8);
+                    /* the small terms first */
+                    msv_mma_bf16(sc[2 * kk], qa[2][ks], fr[0], fr[1]);
+                    msv_mma_bf16(sc[2 * kk + 1], qa[2][ks], fr[2], fr[3]);
+                    msv_mma_bf16(sc[2 * kk], qa[1][ks], fr[0], fr[1]);
+                    msv_mma_bf16(sc[2 * kk + 1], qa[1][ks], fr[2], fr[3]);
+                    msv_mma_bf16(sc[2 * kk], qa[0][ks], fr[0], fr[1]);
+                    msv_mma_bf16(sc[2 * kk + 1], qa[0][ks], fr[2], fr[3]);
+                }
+            }
+
+            /* mask and the split's row max; c[0], c[1] row r, c[2], c[3]
+             * row r + 8 */
+            mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+            for (n = 0; n < 8; n++) {
+#pragma unroll
+                for (i = 0; i < 4; i++) {
+                    u = i >> 1;
+                    d = key0 + n * 8 + 2 * q + (i & 1);   /* the key */
+                    sc[n][i] = n / 2 < npg && d <= rp[u]
+                               ? sc[n][i] * a.scale : -INFINITY;
+                    mx[u] = fmaxf(mx[u], sc[n][i]);
+                }
+            }
+#pragma unroll
+            for (u = 0; u < 2; u++) {
+                mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 1));
+                mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 2));
+                l[u] = 0.0f;
+            }
+
+            /* probabilities as bf16 hi + lo, in the A layout of P V:
+             * tile 2 kk gives a[0] (row r) and a[1] (row r + 8), tile
+             * 2 kk + 1 a[2] and a[3] */
+#pragma unroll
+            for (kk = 0; kk < 4; kk++) {
+#pragma unroll
+                for (i = 0; i < 4; i++) {
+                    n = 2 * kk + (i >> 1);
+                    u = i & 1;
+                    /* a row without keys here (act 0) has mx -inf */
+                    e0 = act[u] ? expf(sc[n][2 * u] - mx[u]) : 0.0f;
+                    e1 = act[u] ? expf(sc[n][2 * u + 1] - mx[u]) : 0.0f;
+                    msv_split_bf16(e0, &hi, &lo);
+                    msv_split_bf16(e1, &e0, &e1);
+                    l[u] += (hi + lo) + (e0 + e1);
+                    ph[kk][i] = msv_pack_bf16(hi, e0);
+                    pl[kk][i] = msv_pack_bf16(lo, e1);
+                }
+            }
+#pragma unroll
+            for (u = 0; u < 2; u++) {
+                l[u] += __shfl_xor_sync(0xffffffffu, l[u], 1);
+                l[u] += __shfl_xor_sync(0xffffffffu, l[u], 2);
+                fa[u] = 1.0f;
+                fb[u] = 0.0f;
+                if (act[u] && gridDim.z == 1) {
+                    msv_attn_fold_scale(&M[u], &L[u], mx[u], l[u], &fa[u],
+                                        &fb[u]);
+                }
+            }
+
+            /* values: dimensions 16 n + 8 {0, 1} + 2 q + {0, 1} */
+#pragma unroll
+            for (n = 0; n < HD / 16; n++) {
+                o[0][0] = o[0][1] = o[0][2] = o[0][3] = 0.0f;
+                o[1][0] = o[1][1] = o[1][2] = o[1][3] = 0.0f;
+#pragma unroll
+                for (kk = 0; kk < 4; kk++) {
+                    if (kk >= npg) {
+                        break;
+                    }
+                    msv_ldmatrix_x4_trans(fr, vt + (kk * 16
+                                                    + ((lane >> 3) & 1) * 8
+                                                    + (lane & 7)) * RS
+                                                 + n * 16 + (lane >> 4) * 8);
+                    msv_mma_bf16(o[0], pl[kk], fr[0], fr[1]);
+                    msv_mma_bf16(o[1], pl[kk], fr[2], fr[3]);
+                    msv_mma_bf16(o[0], ph[kk], fr[0], fr[1]);
+                    msv_mma_bf16(o[1], ph[kk], fr[2], fr[3]);
+                }
+#pragma unroll
+                for (i = 0; i < 4; i++) {
+                    u = i >> 1;
+                    if (!act[u]) {
+                        continue;
+                    }
+                    if (gridDim.z == 1) {
+                        A[2 * n][i] = msv_attn_fold_out(A[2 * n][i],
+                                                        o[0][i], fa[u],
+                                                        fb[u]);
+                        A[2 * n + 1][i] = msv_attn_fold_out(A[2 * n + 1][i],
+                                                            o[1][i], fa[u],
+                                                            fb[u]);
+                    } else {
+                        wp = (((size_t) (t0 + ti[u]) * a.n_heads + h0
+                               + hh[u]) * S + s) * (HD + 2);
+                        d = n * 16 + 2 * q + (i & 1);
+                        a.part[wp + d] = o[0][i];
+                        a.part[wp + d + 8] = o[1][i];
+                        if (n == 0 && i % 2 == 0 && q == 0) {
+                            a.part[wp + HD] = mx[u];
+                            a.part[wp + HD + 1] = l[u];
+                        }
+                    }
+                }
+            }
+        }
+
+        if (sn >= ns) {
+            break;
+        }
+        s = sn;
+        cur ^= 1;
+    }
+#undef MSV_ATTN_TILE_FETCH
+
+    if (gridDim.z == 1) {
+#pragma unroll
+        for (n = 0; n < HD / 8; n++) {
+#pragma unroll
+            for (i = 0; i < 4; i++) {
+                u = i >> 1;
+                if (ok[u]) {
+                    msv_store_act(a.out, a.out_fmt, a.n_tokens, t0 + ti[u],
+                                  (size_t) a.n_heads * HD,
+                                  (size_t) (h0 + hh[u]) * HD + n * 8 + 2 * q
+                                  + (i & 1), A[n][i] / L[u]);
+                }
+            }
+        }
+    }
+}
+
+
 /* One block per (token, head): fold the token's splits in order. */
 static __global__ void
 attention_merge_kernel(struct msv_attn_args a, uint32_t S)
@@ -1053,16 +1409,28 @@ msv_attn_merge(const struct msv_attn_args *a, uint32_t S, cudaStream_t stream)
 }
 
 
-/* The tensor-core form: one block per (token, kv head), per split in the
- * parallel form. */
+/* Whether the tensor-core kernels take the batch: bf16 KV, up to
+ * MSV_ATTN_MMA_HEADS query heads per kv head, head_dim 16, 32, 64 or 128
+ * (every model preset). */
+static int
+msv_attn_mma_fits(const struct msv_attn_args *a)
+{
+    return a->kv.kv_bf16 && a->n_heads / a->n_kv_heads <= MSV_ATTN_MMA_HEADS
+           && (a->head_dim == 16 || a->head_dim == 32 || a->head_dim == 64
+               || a->head_dim == 128);
+}
+
+
+/* The tensor-core form of the per-token kernels: one block per (token of
+ * a->rest, or of the batch, kv head), per split in the parallel form. */
 static cudaError_t
-attention_mma_forward(const struct msv_attn_args *a, cudaStream_t stream)
+attention_mma_forward(const struct msv_attn_args *a, uint32_t n_tok,
+    uint32_t S, int parallel, cudaStream_t stream)
 {
     static int   ready[4];
     dim3         grid;
     size_t       smem;
-    uint32_t     S;
-    int          parallel, k;
+    int          k;
     cudaError_t  e;
 
 #define MSV_ATTN_MMA(HD, K)                                                  \
@@ -1079,14 +1447,7 @@ attention_mma_forward(const struct msv_attn_args *a, cudaStream_t stream)
             *a, S);                                                          \
     } while (0)
 
-    S = MSV_CEIL_DIV(a->max_ctx, (uint32_t) MSV_ATTN_SPLIT);
-    parallel = msv_attn_parallel(a, S, a->n_tokens * a->n_kv_heads,
-                                 MSV_ATTN_MMA_WIDE);
-    if (parallel < 0) {
-        return cudaErrorInvalidValue;
-    }
-
-    grid = dim3(a->n_tokens, a->n_kv_heads, parallel ? S : 1);
+    grid = dim3(n_tok, a->n_kv_heads, parallel ? S : 1);
     smem = msv_attn_mma_smem(a->head_dim);
     k = a->head_dim == 16 ? 0 : a->head_dim == 32 ? 1
         : a->head_dim == 64 ? 2 : 3;
@@ -1105,85 +1466,225 @@ attention_mma_forward(const struct msv_attn_args *a, cudaStream_t stream)
         break;
     }
 #undef MSV_ATTN_MMA
-
-    if (parallel) {
-        msv_attn_merge(a, S, stream);
-    }
     return cudaGetLastError();
 }
 
 
+/* The tiled prefill form: one block per (tile, kv head), per split in
+ * the parallel form. */
+static cudaError_t
+attention_tile_forward(const struct msv_attn_args *a, uint32_t S,
+    int parallel, cudaStream_t stream)
+{
+    static int   ready[4];
+    dim3         grid;
+    size_t       smem;
+    int          k;
+    cudaError_t  e;
+
+#define MSV_ATTN_TILE(HD, K)                                                 \
+    do {                                                                     \
+        if (!ready[K]) {                                                     \
+            e = cudaFuncSetAttribute(attention_tile_kernel<HD>,              \
+                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);\
+            if (e != cudaSuccess) {                                          \
+                return e;                                                    \
+            }                                                                \
+            ready[K] = 1;                                                    \
+        }                                                                    \
+        attention_tile_kernel<HD><<<grid, MSV_ATTN_THREADS, smem, stream>>>( \
+            *a, S);                                                          \
+    } while (0)
+
+    grid = dim3(a->n_tiles, a->n_kv_heads, parallel ? S : 1);
+    smem = msv_attn_tile_smem(a->head_dim);
+    k = a->head_dim == 16 ? 0 : a->head_dim == 32 ? 1
+        : a->head_dim == 64 ? 2 : 3;
+    switch (k) {
+    case 0:
+        MSV_ATTN_TILE(16, 0);
+        break;
+    case 1:
+        MSV_ATTN_TILE(32, 1);
+        break;
+    case 2:
+        MSV_ATTN_TILE(64, 2);
+        break;
+    default:
+        MSV_ATTN_TILE(128, 3);
+        break;
+    }
+#undef MSV_ATTN_TILE
+    return cudaGetLastError();
+}
+
+
+/* Whether the tiled kernel takes the plan's tiles: 1, 0, or -1 when
+ * MSV_ATTN_TILED_ON is asked for and it cannot. */
+static int
+msv_attn_tiled(const struct msv_attn_args *a)
+{
+    int  fits;
+
+    fits = msv_attn_mma_fits(a);
+    if (a->tiled == MSV_ATTN_TILED_ON && !fits) {
+        return -1;
+    }
+    return a->tiled != MSV_ATTN_TILED_OFF && fits && a->n_tiles > 0
+           && a->tiles != NULL && (a->n_rest == 0 || a->rest != NULL);
+}
+
+
+uint32_t
+attention_tile_tokens(uint32_t ratio)
+{
+    return ratio == 0 || ratio > MSV_ATTN_TILE_ROWS
+           ? 1 : MSV_ATTN_TILE_ROWS / ratio;
+}
+
+
+uint32_t
+attention_plan(const int32_t *pos, const int32_t *tok_seq, uint32_t n_tokens,
+    uint32_t ratio, uint32_t min_run, int32_t *tiles, int32_t *rest,
+    uint32_t *n_rest)
+{
+    uint32_t  tq, nt, nr, t, e, k;
+
+    tq = attention_tile_tokens(ratio);
+    nt = 0;
+    nr = 0;
+    for (t = 0; t < n_tokens; t = e) {
+        for (e = t + 1; e < n_tokens && tok_seq[e] == tok_seq[t]
+                        && pos[e] == pos[e - 1] + 1; e++)
+        { }
+        if (e - t >= min_run) {
+            for (k = t; k < e; k += tq) {
+                tiles[2 * nt] = (int32_t) k;
+                tiles[2 * nt + 1] = (int32_t) (e - k < tq ? e - k : tq);
+                nt++;
+            }
+        } else {
+            for (k = t; k < e; k++) {
+                rest[nr++] = (int32_t) k;
+            }
+        }
+    }
+    *n_rest = nr;
+    return nt;
+}
+
+
+/*
+ * The plan's tiles by the tiled kernel when it can take them (and tiled
+ * allows), the other tokens (all when no tile) by the per-token kernels:
+ * the tensor-core one when it fits, else the fp32 ones.  The serial or
+ * parallel form is chosen once for the call, over all its blocks, so one
+ * merge folds every token's splits.
+ */
 cudaError_t
 attention_forward(const struct msv_attn_args *a, cudaStream_t stream)
 {
-    dim3      grid;
-    size_t    smem;
-    uint32_t  n_groups, S, blocks, nw;
-    int       parallel;
+    struct msv_attn_args  p;
+    dim3                  grid;
+    size_t                smem;
+    uint32_t              n_groups, S, blocks, nw, n_tok;
+    int                   parallel, tiled, mma;
+    cudaError_t           e;
 
 #define MSV_ATTN_VEC(KV, NW)                                                 \
     attention_vec_kernel<KV, NW><<<grid, MSV_ATTN_THREADS, smem, stream>>>(  \
-        *a, n_groups, S)
+        p, n_groups, S)
 
     if (a->n_tokens == 0) {
         return cudaSuccess;
     }
-    if (a->kv.kv_bf16 && a->n_heads / a->n_kv_heads <= MSV_ATTN_MMA_HEADS
-        && (a->head_dim == 16 || a->head_dim == 32 || a->head_dim == 64
-            || a->head_dim == 128))
-    {
-        return attention_mma_forward(a, stream);
+    tiled = msv_attn_tiled(a);
+    if (tiled < 0) {
+        return cudaErrorInvalidValue;
+    }
+    p = *a;
+    n_tok = a->n_tokens;
+    if (tiled) {
+        n_tok = a->n_rest;
+    } else {
+        p.rest = NULL;
+        p.n_rest = 0;
+        p.tiles = NULL;
+        p.n_tiles = 0;
     }
 
-    n_groups = MSV_CEIL_DIV(a->n_heads / a->n_kv_heads,
-                            (uint32_t) MSV_ATTN_GROUP);
+    mma = msv_attn_mma_fits(a);
+    n_groups = mma ? 1 : MSV_CEIL_DIV(a->n_heads / a->n_kv_heads,
+                                      (uint32_t) MSV_ATTN_GROUP);
     S = MSV_CEIL_DIV(a->max_ctx, (uint32_t) MSV_ATTN_SPLIT);
-    blocks = a->n_tokens * a->n_kv_heads * n_groups;
+    blocks = n_tok * a->n_kv_heads * n_groups
+             + (tiled ? a->n_tiles * a->n_kv_heads : 0);
 
-    parallel = msv_attn_parallel(a, S, blocks, MSV_ATTN_WIDE);
+    parallel = msv_attn_parallel(a, S, blocks,
+                                 mma ? MSV_ATTN_MMA_WIDE : MSV_ATTN_WIDE);
     if (parallel < 0) {
         return cudaErrorInvalidValue;
     }
 
-    grid = dim3(a->n_tokens, a->n_kv_heads * n_groups, parallel ? S : 1);
-    smem = ((size_t) MSV_ATTN_GROUP * a->head_dim
-            + MSV_KV_BLOCK * (a->head_dim + 8) + MSV_KV_BLOCK * a->head_dim
-            + MSV_ATTN_GROUP * MSV_KV_BLOCK + 3 * MSV_ATTN_GROUP)
-           * sizeof(float);
+    if (tiled) {
+        e = attention_tile_forward(&p, S, parallel, stream);
+        if (e != cudaSuccess) {
+            return e;
+        }
+    }
 
-    nw = MSV_CEIL_DIV(a->head_dim * (a->kv.kv_bf16 ? 2u : 4u),
-                      (uint32_t) MSV_ATTN_THREADS);
-    if (a->head_dim % 8 == 0) {
+    if (n_tok == 0) {
+        /* every token in a tile */
+
+    } else if (mma) {
+        e = attention_mma_forward(&p, n_tok, S, parallel, stream);
+        if (e != cudaSuccess) {
+            return e;
+        }
+
+    } else {
+        grid = dim3(n_tok, a->n_kv_heads * n_groups, parallel ? S : 1);
         smem = ((size_t) MSV_ATTN_GROUP * a->head_dim
-                + MSV_KV_BLOCK * (a->head_dim + 32)
+                + MSV_KV_BLOCK * (a->head_dim + 8)
                 + MSV_KV_BLOCK * a->head_dim
                 + MSV_ATTN_GROUP * MSV_KV_BLOCK + 3 * MSV_ATTN_GROUP)
                * sizeof(float);
-        if (a->kv.kv_bf16) {
-            if (nw <= 1) {
-                MSV_ATTN_VEC(__nv_bfloat16, 1);
-            } else if (nw <= 2) {
-                MSV_ATTN_VEC(__nv_bfloat16, 2);
-            } else {
-                MSV_ATTN_VEC(__nv_bfloat16, 4);
-            }
-        } else if (nw <= 1) {
-            MSV_ATTN_VEC(float, 1);
-        } else if (nw <= 2) {
-            MSV_ATTN_VEC(float, 2);
-        } else if (nw <= 4) {
-            MSV_ATTN_VEC(float, 4);
-        } else {
-            MSV_ATTN_VEC(float, 8);
-        }
 
-    } else if (a->kv.kv_bf16) {
-        attention_kernel<__nv_bfloat16><<<grid, MSV_ATTN_THREADS, smem,
-                                          stream>>>(*a, n_groups, S);
-    } else {
-        attention_kernel<float><<<grid, MSV_ATTN_THREADS, smem, stream>>>(
-            *a, n_groups, S);
+        nw = MSV_CEIL_DIV(a->head_dim * (a->kv.kv_bf16 ? 2u : 4u),
+                          (uint32_t) MSV_ATTN_THREADS);
+        if (a->head_dim % 8 == 0) {
+            smem = ((size_t) MSV_ATTN_GROUP * a->head_dim
+                    + MSV_KV_BLOCK * (a->head_dim + 32)
+                    + MSV_KV_BLOCK * a->head_dim
+                    + MSV_ATTN_GROUP * MSV_KV_BLOCK + 3 * MSV_ATTN_GROUP)
+                   * sizeof(float);
+            if (a->kv.kv_bf16) {
+                if (nw <= 1) {
+                    MSV_ATTN_VEC(__nv_bfloat16, 1);
+                } else if (nw <= 2) {
+                    MSV_ATTN_VEC(__nv_bfloat16, 2);
+                } else {
+                    MSV_ATTN_VEC(__nv_bfloat16, 4);
+                }
+            } else if (nw <= 1) {
+                MSV_ATTN_VEC(float, 1);
+            } else if (nw <= 2) {
+                MSV_ATTN_VEC(float, 2);
+            } else if (nw <= 4) {
+                MSV_ATTN_VEC(float, 4);
+            } else {
+                MSV_ATTN_VEC(float, 8);
+            }
+
+        } else if (a->kv.kv_bf16) {
+            attention_kernel<__nv_bfloat16><<<grid, MSV_ATTN_THREADS, smem,
+                                              stream>>>(p, n_groups, S);
+        } else {
+            attention_kernel<float><<<grid, MSV_ATTN_THREADS, smem,
+                                      stream>>>(p, n_groups, S);
+        }
     }
+#undef MSV_ATTN_VEC
 
     if (parallel) {
         msv_attn_merge(a, S, stream);

@@ -11,6 +11,13 @@
  * several blocks compute them at once and a merge kernel folds them
  * (flash-decoding), the arithmetic is the same: a token's output does not
  * depend on the batch it runs in.
+ *
+ * Prefill runs (many consecutive query tokens of one sequence) can be
+ * computed instead by a tiled kernel that loads each K/V split once for a
+ * tile of queries (attention_plan cuts the runs into tiles); its splits
+ * and fold are the same, its score and value sums are not (tensor-core
+ * products over the tile), so a token's output then depends on whether
+ * its run was tiled: the batch-invariant mode never tiles.
  */
 
 #ifndef MSV_ATTENTION_CUH
@@ -27,6 +34,19 @@
 #define MSV_ATTN_AUTO      0           /* parallel when it pays and fits */
 #define MSV_ATTN_FOLD      1           /* one block per token, serial */
 #define MSV_ATTN_PARALLEL  2           /* one block per split + merge */
+
+/* Whether attention_forward computes the plan's tiles with the tiled
+ * prefill kernel (tiled). */
+#define MSV_ATTN_TILED_AUTO  0         /* when the KV and shapes allow it */
+#define MSV_ATTN_TILED_OFF   1         /* never: every token per token */
+#define MSV_ATTN_TILED_ON    2         /* always; cudaErrorInvalidValue
+                                          when the shapes do not allow it */
+
+#define MSV_ATTN_TILE_ROWS   64        /* (token, head) rows of a tile */
+#define MSV_ATTN_TILE_MIN    16        /* the shortest run worth a tile:
+                                          a full one at 4 heads per kv
+                                          head; shorter runs (decode,
+                                          short chunks) re-read few keys */
 
 struct msv_attn_args {
     void           *out;        /* [n_tokens][n_heads * head_dim], out_fmt */
@@ -45,14 +65,38 @@ struct msv_attn_args {
                                    NULL; part_floats floats */
     size_t          part_floats;
     int             mode;       /* MSV_ATTN_AUTO, _FOLD, _PARALLEL */
+
+    /* the prefill plan (attention_plan), device arrays; n_tiles 0: none */
+    const int32_t  *tiles;      /* [n_tiles][2]: first token, count */
+    uint32_t        n_tiles;
+    const int32_t  *rest;       /* [n_rest]: the tokens of no tile */
+    uint32_t        n_rest;
+    int             tiled;      /* MSV_ATTN_TILED_AUTO, _OFF, _ON */
 };
+
+/* Query tokens of a tile when ratio query heads share a kv head. */
+uint32_t attention_tile_tokens(uint32_t ratio);
+
+/*
+ * The prefill plan of a batch (host arrays pos, tok_seq of n_tokens):
+ * each run of at least min_run consecutive tokens of one sequence at
+ * consecutive positions is cut into tiles of attention_tile_tokens(ratio)
+ * tokens, written to tiles as (first token, count) pairs (room for
+ * n_tokens pairs); every other token goes to rest (room for n_tokens), in
+ * batch order.  Returns the number of tiles, *n_rest the rest's length.
+ */
+uint32_t attention_plan(const int32_t *pos, const int32_t *tok_seq,
+    uint32_t n_tokens, uint32_t ratio, uint32_t min_run, int32_t *tiles,
+    int32_t *rest, uint32_t *n_rest);
 
 /* Floats of workspace the parallel form needs for the batch. */
 size_t attention_part_floats(uint32_t n_tokens, uint32_t n_heads,
     uint32_t head_dim, uint32_t max_ctx);
 
 /* cudaErrorInvalidValue when mode is MSV_ATTN_PARALLEL and the workspace
- * is too small. */
+ * is too small, or tiled is MSV_ATTN_TILED_ON and the tiled kernel cannot
+ * take the batch (fp32 KV, head_dim other than 16, 32, 64, 128, more than
+ * 8 query heads per kv head, no tiles). */
 cudaError_t attention_forward(const struct msv_attn_args *a,
     cudaStream_t stream);
 

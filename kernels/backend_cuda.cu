@@ -117,6 +117,8 @@ struct msv_backend {
     struct msv_gemm_inv       inv;     /* its pinned algorithms */
     const struct msv_gemm_inv *pin;    /* &inv when invariant, else NULL */
     int                       attn_mode;  /* MSV_ATTN_AUTO, _FOLD, _PARALLEL */
+    int                       tiled;   /* prefill runs by the tiled
+                                          attention (not when invariant) */
     cudaStream_t              stream;
     cublasHandle_t            cublas;
 
@@ -1178,6 +1180,11 @@ msv_cuda_create(const struct msv_model_config *cfg,
 
     mode = getenv("MSV_CUDA_GRAPHS");
     b->use_graphs = !(mode != NULL && strcmp(mode, "0") == 0);
+
+    /* MSV_CUDA_TILED=0: prefill runs by the per-token attention too (the
+     * side-by-side reference for the tiled kernel) */
+    mode = getenv("MSV_CUDA_TILED");
+    b->tiled = !b->invariant && !(mode != NULL && strcmp(mode, "0") == 0);
     b->graph_cap = max_seqs < MSV_LM_CHUNK ? msv_cuda_bucket(max_seqs)
                                            : MSV_LM_CHUNK;
 
@@ -1370,10 +1377,21 @@ msv_cuda_timing_line(struct msv_backend *b, uint32_t n_seqs, uint32_t T,
 
 /* ---- the pass ----------------------------------------------------------- */
 
+/* A step's prefill plan (attention_plan) on the device, in the batch
+ * description; n_tiles 0: none. */
+struct msv_cuda_plan {
+    const int32_t  *tiles;
+    uint32_t        n_tiles;
+    const int32_t  *rest;
+    uint32_t        n_rest;
+};
+
+
 /* One transformer layer over the batch's n tokens. */
 static int
 msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
-    uint32_t max_ctx, const struct msv_kv_map *map, char *err, size_t errlen)
+    uint32_t max_ctx, const struct msv_kv_map *map,
+    const struct msv_cuda_plan *plan, char *err, size_t errlen)
 {
     const struct msv_model_config  *c = &b->cfg;
     struct msv_cuda_layer          *L = &b->layers[l];
@@ -1438,6 +1456,13 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     {
         aa.mode = MSV_ATTN_FOLD;       /* asked for where it fits */
     }
+    /* batch invariant: a token's output must not depend on how its
+     * prompt was chunked, so no tiles (there is no plan either) */
+    aa.tiles = plan->tiles;
+    aa.n_tiles = plan->n_tiles;
+    aa.rest = plan->rest;
+    aa.n_rest = plan->n_rest;
+    aa.tiled = b->invariant ? MSV_ATTN_TILED_OFF : MSV_ATTN_TILED_AUTO;
     MSV_CUDA_TRY(attention_forward(&aa, b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_ATTN);
 
@@ -1476,15 +1501,21 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
 
 
 /* Embedding and every layer over n tokens described at meta_d (layout in
- * msv_cuda_forward). */
+ * msv_cuda_forward), plan NULL: no prefill tiles. */
 static int
 msv_cuda_body(struct msv_backend *b, uint32_t n, uint32_t cap,
-    uint32_t max_ctx, char *err, size_t errlen)
+    uint32_t max_ctx, const struct msv_cuda_plan *plan, char *err,
+    size_t errlen)
 {
     const struct msv_model_config  *c = &b->cfg;
     struct msv_kv_map               map;
+    struct msv_cuda_plan            none;
     uint32_t                        l;
 
+    if (plan == NULL) {
+        memset(&none, 0, sizeof(none));
+        plan = &none;
+    }
     map.pos = b->meta_d + cap;
     map.tok_seq = b->meta_d + 2 * (size_t) cap;
     map.page_off = b->meta_d + 3 * (size_t) cap;
@@ -1498,7 +1529,8 @@ msv_cuda_body(struct msv_backend *b, uint32_t n, uint32_t cap,
     msv_cuda_mark(b, MSV_TM_EMBED);
 
     for (l = 0; l < c->n_layers; l++) {
-        if (msv_cuda_layer(b, l, n, max_ctx, &map, err, errlen) != 0) {
+        if (msv_cuda_layer(b, l, n, max_ctx, &map, plan, err, errlen) != 0)
+        {
             return -1;
         }
     }
@@ -1595,7 +1627,7 @@ msv_cuda_graph(struct msv_backend *b, uint32_t cap, uint32_t max_ctx, int dev)
         b->use_graphs = 0;
         return NULL;
     }
-    rc = msv_cuda_body(b, cap, cap, max_ctx, err, sizeof(err));
+    rc = msv_cuda_body(b, cap, cap, max_ctx, NULL, err, sizeof(err));
     if (rc == 0) {
         rc = msv_cuda_head(b, cap, 0, cap, dev ? b->dlogits : b->logits, err,
                            sizeof(err));
@@ -1633,9 +1665,12 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     uint32_t                        s, seq, n, p0, T, P, R, r0, rc, k, t;
     uint32_t                        np, max_ctx, cap, gctx, decode;
     const uint32_t                 *sp;
-    int32_t                        *tok, *pos, *tseq, *poff, *pages, *rows;
+    int32_t                        *tok, *pos, *tseq, *poff, *pages, *rows,
+                                   *tiles, *rest;
     size_t                          meta_n;
+    struct msv_cuda_plan            plan;
     cudaGraphExec_t                 gx;
+    int                             tile;
     int                             dev;
     cudaError_t                     e;
 
@@ -1739,11 +1774,21 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     /*
      * The batch description, one int32 array in pinned memory, each part
      * at a fixed offset for cap tokens: tok[cap] pos[cap] tseq[cap]
-     * poff[cap] rows[cap] pages[P + 1].  Padding tokens (decode graphs)
-     * are token 0 at position 0 of their own sequence, whose one page is
-     * the pad page that no sequence owns.
+     * poff[cap] rows[cap] pages[P + 1], then for a step that may tile its
+     * prefill runs the attention plan, tiles[2 n_tiles] rest[n_rest] (room
+     * for 3 T).  Padding tokens (decode graphs) are token 0 at position 0
+     * of their own sequence, whose one page is the pad page that no
+     * sequence owns.  Only steps with a run of MSV_ATTN_TILE_MIN tokens
+     * are planned: never a decode step (so never a graph), never in the
+     * batch-invariant mode or with MSV_CUDA_TILED=0, never with fp32 KV.
      */
-    meta_n = 5 * (size_t) cap + P + 1;
+    tile = 0;
+    if (!decode && b->kv_bf16 && b->tiled) {
+        for (s = 0; s < bt->n_seqs && !tile; s++) {
+            tile = bt->n_new[s] >= MSV_ATTN_TILE_MIN;
+        }
+    }
+    meta_n = 5 * (size_t) cap + P + 1 + (tile ? 3 * (size_t) T : 0);
     if (msv_cuda_meta(b, meta_n, err, errlen) != 0
         || msv_cuda_scratch(b, cap, err, errlen) != 0)
     {
@@ -1791,6 +1836,20 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
         rows[t] = (int32_t) t;
     }
 
+    memset(&plan, 0, sizeof(plan));
+    meta_n = 5 * (size_t) cap + P + 1;
+    if (tile) {
+        tiles = pages + P + 1;
+        plan.n_tiles = attention_plan(pos, tseq, T, c->n_heads / c->n_kv_heads,
+                                      MSV_ATTN_TILE_MIN, tiles, tiles + 2 * T,
+                                      &plan.n_rest);
+        rest = tiles + 2 * plan.n_tiles;
+        memmove(rest, tiles + 2 * T, plan.n_rest * sizeof(int32_t));
+        plan.tiles = b->meta_d + (tiles - b->meta_h);
+        plan.rest = b->meta_d + (rest - b->meta_h);
+        meta_n += 2 * (size_t) plan.n_tiles + plan.n_rest;
+    }
+
     if (b->tm_file != NULL) {
         b->tm_n = 0;
         MSV_CUDA_TRY(cudaEventRecord(b->tm_start, b->stream), err, errlen);
@@ -1814,7 +1873,7 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
         }
 
     } else {
-        if (msv_cuda_body(b, T, cap, max_ctx, err, errlen) != 0) {
+        if (msv_cuda_body(b, T, cap, max_ctx, &plan, err, errlen) != 0) {
             return -1;
         }
         for (r0 = 0; r0 < R; r0 += rc) {

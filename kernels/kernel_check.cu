@@ -24,6 +24,10 @@ static_assert(MSV_CHECK_ATTN_AUTO == MSV_ATTN_AUTO
               && MSV_CHECK_ATTN_FOLD == MSV_ATTN_FOLD
               && MSV_CHECK_ATTN_PARALLEL == MSV_ATTN_PARALLEL,
               "kernel_check.h attention modes match attention.cuh");
+static_assert(MSV_CHECK_TILED_AUTO == MSV_ATTN_TILED_AUTO
+              && MSV_CHECK_TILED_OFF == MSV_ATTN_TILED_OFF
+              && MSV_CHECK_TILED_ON == MSV_ATTN_TILED_ON,
+              "kernel_check.h tiled values match attention.cuh");
 
 #define MSV_CHECK_MAX_BUFS  16
 
@@ -347,12 +351,14 @@ static int
 msv_check_attention(struct msv_check_bufs *bufs, float *out, const float *q,
     uint32_t q_stride, uint32_t n_heads, uint32_t n_kv_heads,
     uint32_t head_dim, float scale, const struct msv_check_kv *kv, int mode,
-    char *err, size_t errlen)
+    int tiled, uint32_t min_run, uint32_t *n_tiles, char *err, size_t errlen)
 {
     struct msv_attn_args  a;
     size_t                cache, out_n, part;
-    uint32_t              t, max_ctx;
-    void                 *dq, *dout, *dpart;
+    uint32_t              t, max_ctx, nt, nr;
+    void                 *dq, *dout, *dpart, *dplan;
+    int32_t              *plan;
+    int                   rc;
 
     cache = (size_t) kv->n_pages * n_kv_heads * MSV_KV_BLOCK * head_dim;
     out_n = (size_t) kv->n_tokens * n_heads * head_dim;
@@ -390,6 +396,36 @@ msv_check_attention(struct msv_check_bufs *bufs, float *out, const float *q,
     a.head_dim = head_dim;
     a.scale = scale;
 
+    /* the plan: tiles[2 n_tokens] then rest[n_tokens], as attention_plan
+     * writes them */
+    a.tiled = tiled;
+    nt = 0;
+    if (tiled != MSV_ATTN_TILED_OFF) {
+        plan = (int32_t *) malloc((size_t) 3 * kv->n_tokens
+                                  * sizeof(int32_t));
+        if (plan == NULL) {
+            snprintf(err, errlen, "kernel check: out of memory");
+            return -1;
+        }
+        nt = attention_plan(kv->pos, kv->tok_seq, kv->n_tokens,
+                            n_heads / n_kv_heads, min_run, plan,
+                            plan + 2 * (size_t) kv->n_tokens, &nr);
+        rc = msv_check_put(bufs, &dplan, plan, (size_t) 3 * kv->n_tokens
+                                               * sizeof(int32_t),
+                           err, errlen);
+        free(plan);
+        if (rc != 0) {
+            return -1;
+        }
+        a.tiles = (const int32_t *) dplan;
+        a.n_tiles = nt;
+        a.rest = (const int32_t *) dplan + 2 * (size_t) kv->n_tokens;
+        a.n_rest = nr;
+    }
+    if (n_tiles != NULL) {
+        *n_tiles = nt;
+    }
+
     MSV_CUDA_TRY(attention_forward(&a, 0), err, errlen);
     MSV_CUDA_TRY(cudaDeviceSynchronize(), err, errlen);
     MSV_CUDA_TRY(cudaMemcpy(out, dout, out_n * sizeof(float),
@@ -401,14 +437,16 @@ msv_check_attention(struct msv_check_bufs *bufs, float *out, const float *q,
 extern "C" int
 msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
     uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
-    const struct msv_check_kv *kv, int mode, char *err, size_t errlen)
+    const struct msv_check_kv *kv, int mode, int tiled, uint32_t min_run,
+    uint32_t *n_tiles, char *err, size_t errlen)
 {
     struct msv_check_bufs  bufs;
     int                    rc;
 
     bufs.n = 0;
     rc = msv_check_attention(&bufs, out, q, q_stride, n_heads, n_kv_heads,
-                             head_dim, scale, kv, mode, err, errlen);
+                             head_dim, scale, kv, mode, tiled, min_run,
+                             n_tiles, err, errlen);
     msv_check_free(&bufs);
     return rc;
 }

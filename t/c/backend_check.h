@@ -30,7 +30,7 @@
 #define CHK_TOL_KERNEL    1e-5
 #define CHK_MAX_SEQS      8
 #define CHK_MAX_LEN       160
-#define CHK_MAX_RESULTS   256
+#define CHK_MAX_RESULTS   320
 #define CHK_MAX_CTX       8192    /* kernel checks' longest context */
 
 struct chk_result {

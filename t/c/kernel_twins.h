@@ -11,6 +11,12 @@
  *   - paged attention, fp32 and bf16 KV, GQA ratios 1 to 7, a peaked
  *     case and one with every key equal: the serial and the split + merge
  *     forms must give identical bytes;
+ *   - the tiled prefill attention (bf16 KV): batches of runs of 1 to 700
+ *     query tokens, from position 0 and continuing earlier positions
+ *     (tiles across page boundaries), head_dim 16 to 128, GQA ratios 1,
+ *     2, 4, 5 and 6, peaked cases, every token in a tile: against the twin,
+ *     against the per-token kernels on the same batch, and its serial and
+ *     split + merge forms bit for bit;
  *   - the bf16 GEMV of small batches, with and without accumulate;
  *   - batch-invariant products (the pinned cuBLASLt algorithm): one row's
  *     output the same bits at every position in products of 1 to 256
@@ -553,10 +559,12 @@ check_attention(void)
         m.kv.kv_bf16 = kb;
         if (msv_cuda_run_attention(out, q, stride, c->nh, c->nkv, c->hd,
                                    (float) (1.0 / sqrt(c->hd)), &m.kv,
-                                   MSV_CHECK_ATTN_FOLD, err, sizeof(err)) != 0
+                                   MSV_CHECK_ATTN_FOLD, MSV_CHECK_TILED_OFF,
+                                   0, NULL, err, sizeof(err)) != 0
             || msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv, c->hd,
                                       (float) (1.0 / sqrt(c->hd)), &m.kv,
-                                      MSV_CHECK_ATTN_PARALLEL, err,
+                                      MSV_CHECK_ATTN_PARALLEL,
+                                      MSV_CHECK_TILED_OFF, 0, NULL, err,
                                       sizeof(err)) != 0)
         {
             chk_fail("kernel attention: %s", err);
@@ -588,6 +596,147 @@ check_attention(void)
     }
 }
 
+
+/* One batch of prefill runs: n_new[s] new tokens of sequence s, after
+ * ctx[s] - n_new[s] positions already in the cache. */
+struct tiled_case {
+    uint32_t  nh, nkv, hd, n_seqs;
+    uint32_t  n_new[6], ctx[6];
+    float     qscale;    /* large: peaked softmax */
+    uint32_t  min_run;   /* the plan's shortest tiled run */
+};
+
+
+/* The tiled prefill kernel against the twin and against the per-token
+ * kernels on the same batch (each within CHK_TOL_KERNEL); its serial and
+ * split + merge forms must give identical bytes. */
+static void
+check_attention_tiled(void)
+{
+    static const struct tiled_case  cases[] = {
+        /* peaked cases only with up to 4 heads per kv head: with more,
+         * the per-token kernel carries q as two bf16 terms (the tiled
+         * one as three always) */
+        /* qwen3-8b's heads: runs of 1 and 15 tokens stay per token */
+        { 32, 8, 128, 5, { 1, 15, 64, 130, 700 }, { 1, 15, 101, 130, 783 },
+          1.0f, 16 },
+        { 32, 8, 128, 4, { 15, 64, 130, 300 }, { 40, 64, 200, 300 },
+          6.0f, 16 },
+        { 8, 8, 64, 5, { 1, 15, 64, 130, 700 }, { 20, 15, 64, 167, 700 },
+          1.0f, 16 },
+        { 10, 2, 128, 4, { 1, 64, 130, 700 }, { 1, 99, 130, 745 },
+          1.0f, 16 },
+        { 20, 4, 64, 5, { 15, 64, 130, 17, 250 }, { 15, 64, 161, 50, 250 },
+          1.0f, 16 },
+        { 16, 4, 64, 4, { 1, 15, 64, 130 }, { 9, 15, 80, 130 }, 6.0f, 16 },
+        /* the small head sizes (the tiny preset's 16) */
+        { 4, 2, 16, 3, { 1, 40, 100 }, { 5, 40, 130 }, 1.0f, 16 },
+        { 6, 1, 32, 3, { 20, 16, 90 }, { 20, 33, 150 }, 1.0f, 16 },
+        /* every token in a tile, runs of one token too */
+        { 32, 8, 128, 4, { 1, 3, 15, 70 }, { 1, 30, 15, 86 }, 1.0f, 1 },
+        { 5, 1, 64, 3, { 1, 2, 33 }, { 7, 2, 40 }, 1.0f, 1 },
+    };
+    const struct tiled_case        *c;
+    struct chk_map                  m;
+    char                            err[512];
+    uint32_t                        k, s, stride, nt, nt2, want, tq;
+    float                          *q, *out, *out2, *tok, *ref, *kc, *vc,
+                                    scale;
+    size_t                          nq, nout, cache, i;
+
+    for (k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        c = &cases[k];
+        chk_map_make(&m, c->n_seqs, c->ctx, c->n_new);
+        scale = (float) (1.0 / sqrt(c->hd));
+
+        /* the plan's tiles: 64 rows of (token, head), runs of min_run
+         * tokens or more */
+        tq = 64 / (c->nh / c->nkv);
+        want = 0;
+        for (s = 0; s < c->n_seqs; s++) {
+            want += c->n_new[s] >= c->min_run
+                    ? (c->n_new[s] + tq - 1) / tq : 0;
+        }
+
+        stride = (c->nh + 2 * c->nkv) * c->hd;
+        nq = (size_t) m.kv.n_tokens * stride;
+        nout = (size_t) m.kv.n_tokens * c->nh * c->hd;
+        cache = (size_t) m.kv.n_pages * c->nkv * MSV_KV_BLOCK * c->hd;
+
+        q = chk_alloc(nq * sizeof(float));
+        out = chk_alloc(nout * sizeof(float));
+        out2 = chk_alloc(nout * sizeof(float));
+        tok = chk_alloc(nout * sizeof(float));
+        ref = chk_alloc(nout * sizeof(float));
+        kc = chk_alloc(cache * sizeof(float));
+        vc = chk_alloc(cache * sizeof(float));
+
+        chk_fill(q, nq, c->qscale);
+        chk_fill(kc, cache, 1.0f);
+        chk_fill(vc, cache, 1.0f);
+        for (i = 0; i < cache; i++) {   /* what the bf16 cache holds */
+            kc[i] = chk_round_bf16(kc[i]);
+            vc[i] = chk_round_bf16(vc[i]);
+        }
+        chk_poison(out, nout);
+        chk_poison(out2, nout);
+        chk_poison(tok, nout);
+
+        m.kv.k_cache = kc;
+        m.kv.v_cache = vc;
+        m.kv.kv_bf16 = 1;
+        nt = 0;
+        nt2 = 0;
+        if (msv_cuda_run_attention(out, q, stride, c->nh, c->nkv, c->hd,
+                                   scale, &m.kv, MSV_CHECK_ATTN_FOLD,
+                                   MSV_CHECK_TILED_ON, c->min_run, &nt, err,
+                                   sizeof(err)) != 0
+            || msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv, c->hd,
+                                      scale, &m.kv, MSV_CHECK_ATTN_PARALLEL,
+                                      MSV_CHECK_TILED_ON, c->min_run, &nt2,
+                                      err, sizeof(err)) != 0
+            || msv_cuda_run_attention(tok, q, stride, c->nh, c->nkv, c->hd,
+                                      scale, &m.kv, MSV_CHECK_ATTN_FOLD,
+                                      MSV_CHECK_TILED_OFF, 0, NULL, err,
+                                      sizeof(err)) != 0)
+        {
+            chk_fail("kernel attention tiled: %s", err);
+        } else {
+            /* the plan must have tiled, or nothing was tested */
+            if (nt == 0 || nt != want || nt2 != want) {
+                chk_fail("kernel attention tiled nh=%u nkv=%u hd=%u: plans "
+                         "of %u and %u tiles, not %u", c->nh, c->nkv, c->hd,
+                         nt, nt2, want);
+            }
+            if (memcmp(out, out2, nout * sizeof(float)) != 0) {
+                chk_fail("kernel attention tiled nh=%u nkv=%u hd=%u: serial "
+                         "and split forms differ", c->nh, c->nkv, c->hd);
+            }
+            twin_attention(ref, q, stride, c->nh, c->nkv, c->hd, scale,
+                           &m.kv);
+            chk_record(chk_rel_rows(out, ref, (size_t) m.kv.n_tokens * c->nh,
+                                    c->hd),
+                       CHK_TOL_KERNEL, "kernel attention tiled nh=%u nkv=%u "
+                       "hd=%u T=%u tiles=%u%s%s", c->nh, c->nkv, c->hd,
+                       m.kv.n_tokens, nt, c->qscale > 1.0f ? " peaked" : "",
+                       c->min_run <= 1 ? " all" : "");
+            chk_record(chk_rel_rows(out, tok, (size_t) m.kv.n_tokens * c->nh,
+                                    c->hd),
+                       CHK_TOL_KERNEL, "kernel attention tiled vs per-token "
+                       "nh=%u nkv=%u hd=%u T=%u%s", c->nh, c->nkv, c->hd,
+                       m.kv.n_tokens, c->qscale > 1.0f ? " peaked" : "");
+        }
+
+        free(q);
+        free(out);
+        free(out2);
+        free(tok);
+        free(ref);
+        free(kc);
+        free(vc);
+        chk_map_free(&m);
+    }
+}
 
 
 /* The small-batch GEMV path against a double-precision product. */
@@ -799,6 +948,7 @@ check_kernels(void)
     check_rmsnorm();
     check_qkv_rope();
     check_attention();
+    check_attention_tiled();
     check_gemv();
     check_linear_invariant();
 }
