@@ -679,6 +679,13 @@ msv_cp_async_wait_all(void)
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
+/* Every group but the newest one complete. */
+static __device__ __forceinline__ void
+msv_cp_async_wait_prior(void)
+{
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
 /* Bytes of the stages: per warp two of K and V tiles [16][HD + 8]. */
 static size_t
 msv_attn_mma_smem(uint32_t hd)
@@ -1421,13 +1428,302 @@ msv_attn_mma_fits(const struct msv_attn_args *a)
 }
 
 
+/*
+ * The tensor-core form with one warp a block: the warp walks its token's
+ * pages one after another (the next page in flight while this one
+ * computes, two stages of K and V in shared memory), keeping the split's
+ * softmax state in registers: per page the scores by mma (q as in
+ * attention_mma_kernel: hi, remainder and, for at most 4 heads, the
+ * remainder's remainder in the mma rows the heads leave idle), the row
+ * max over the quad, the running output rescaled by exp(m_old - m_new),
+ * the probabilities split hi + remainder into the values' mma, which
+ * accumulates into the running output.  At a split's end its state
+ * (max, sum, output) is folded into the token's (serial form) or written
+ * to the workspace for the merge kernel (parallel form) with the same
+ * arithmetic, so the two forms give the same bits.  No block barrier: the
+ * warps of an SM run independently, which is what the block form, with
+ * three barriers a split, lacked (it issued an instruction every 3 cycles
+ * a scheduler at 12 warps an SM).
+ */
+#define MSV_ATTN_WALK_MINB  12         /* warps (blocks) an SM: shared
+                                          memory 12 x 17 KB, and registers */
+
+static size_t
+msv_attn_walk_smem(uint32_t hd)
+{
+    return (size_t) 2 * 2 * MSV_KV_BLOCK * (hd + 8) * sizeof(__nv_bfloat16);
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(32, MSV_ATTN_WALK_MINB)
+attention_walk_kernel(struct msv_attn_args a, uint32_t S)
+{
+    extern __shared__ uint4   smw[];
+    const uint32_t            RS = HD + 8;     /* row stride, elements */
+    const uint32_t            SB = 2 * MSV_KV_BLOCK * RS;  /* a stage */
+    __nv_bfloat16            *sm, *kt, *vt;
+    const float              *qp;
+    uint32_t                  qa[HD / 16][4], pa[4], fr[4], t, kvh, ng, h0,
+                              lane, r, q, nkeys, ns, s, cur, pg, npg, pe,
+                              key0, nk, d, c, row, col, i, ks, nt, hr;
+    int                       three;
+    int32_t                   poff;
+    float                     sc[2][4], o[HD / 8][4], A[HD / 4], x[4], hi,
+                              lo, v[4], mx, mn, f, l, mr, lr, mt, lt, fa, fb;
+    size_t                    wp;
+
+    t = a.rest != NULL ? (uint32_t) a.rest[blockIdx.x] : blockIdx.x;
+    kvh = blockIdx.y;
+    ng = a.n_heads / a.n_kv_heads;
+    h0 = kvh * ng;
+    lane = threadIdx.x;
+    r = lane >> 2;
+    q = lane & 3;
+
+    nkeys = (uint32_t) a.kv.pos[t] + 1;
+    ns = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_ATTN_SPLIT);
+    if (blockIdx.z >= ns) {
+        return;
+    }
+
+    three = ng <= 4;
+    hr = three ? (r & 3) : r;
+    qp = a.q + (size_t) t * a.q_stride + (size_t) (h0 + hr) * HD;
+#pragma unroll
+    for (ks = 0; ks < HD / 16; ks++) {
+        d = ks * 16 + 2 * q;
+        if (hr < ng) {
+            x[0] = qp[d];
+            x[1] = qp[d + 1];
+            x[2] = qp[d + 8];
+            x[3] = qp[d + 9];
+        } else {
+            x[0] = x[1] = x[2] = x[3] = 0.0f;
+        }
+#pragma unroll
+        for (i = 0; i < 4; i++) {
+            msv_split_bf16(x[i], &hi, &lo);
+            if (r >= 4 && three) {
+                x[i] = __bfloat162float(__float2bfloat16_rn(x[i] - hi - lo));
+                v[i] = 0.0f;
+            } else {
+                x[i] = hi;
+                v[i] = lo;
+            }
+        }
+        qa[ks][0] = msv_pack_bf16(x[0], x[1]);
+        qa[ks][1] = msv_pack_bf16(v[0], v[1]);
+        qa[ks][2] = msv_pack_bf16(x[2], x[3]);
+        qa[ks][3] = msv_pack_bf16(v[2], v[3]);
+    }
+
+#pragma unroll
+    for (i = 0; i < HD / 4; i++) {
+        A[i] = 0.0f;
+    }
+    mt = -INFINITY;                    /* the token's state, row r */
+    lt = 0.0f;
+
+    sm = (__nv_bfloat16 *) smw;
+    poff = a.kv.page_off[a.kv.tok_seq[t]];
+
+    /* page PG (of the token's pages) into stage STAGE; one group a call,
+     * empty past the keys */
+#define MSV_ATTN_WALK_FETCH(PG, STAGE)                                       \
+    do {                                                                     \
+        uint32_t  k0_ = (PG) * MSV_KV_BLOCK;                                 \
+        if (k0_ < nkeys) {                                                   \
+            uint32_t  nk_ = min((uint32_t) MSV_KV_BLOCK, nkeys - k0_);       \
+            int32_t   pg_ = a.kv.pages[poff + (PG)];                         \
+            size_t    b_ = ((size_t) pg_ * a.n_kv_heads + kvh)               \
+                           * MSV_KV_BLOCK * HD;                              \
+            __nv_bfloat16  *kt_ = sm + (size_t) (STAGE) * SB;                \
+            __nv_bfloat16  *vt_ = kt_ + MSV_KV_BLOCK * RS;                   \
+            const __nv_bfloat16  *kg_ =                                      \
+                (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
+            const __nv_bfloat16  *vg_ =                                      \
+                (const __nv_bfloat16 *) a.kv.v_cache + b_;                   \
+            for (c = lane; c < MSV_KV_BLOCK * HD / 8; c += 32) {             \
+                row = c / (HD / 8);                                          \
+                col = (c % (HD / 8)) * 8;                                    \
+                msv_cp_async16(kt_ + row * RS + col,                         \
+                               kg_ + (row < nk_ ? row : 0) * HD + col,       \
+                               row < nk_ ? 16u : 0u);                        \
+                msv_cp_async16(vt_ + row * RS + col,                         \
+                               vg_ + (row < nk_ ? row : 0) * HD + col,       \
+                               row < nk_ ? 16u : 0u);                        \
+            }                                                                \
+        }                                                                    \
+        msv_cp_async_commit();                                               \
+    } while (0)
+
+    s = blockIdx.z;
+    pg = s * (MSV_ATTN_SPLIT / MSV_KV_BLOCK);
+    cur = 0;
+    MSV_ATTN_WALK_FETCH(pg, 0);
+
+    for ( ;; ) {
+        /* split s: pages pg .. pe - 1 */
+        pe = min((s + 1) * (MSV_ATTN_SPLIT / MSV_KV_BLOCK),
+                 MSV_CEIL_DIV(nkeys, (uint32_t) MSV_KV_BLOCK));
+        mr = -INFINITY;
+        lr = 0.0f;
+#pragma unroll
+        for (nt = 0; nt < HD / 8; nt++) {
+            o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+        }
+
+        for ( ; pg < pe; pg++) {
+            /* the next page: this split's, else the next split's first */
+            npg = pg + 1 < pe ? pg + 1
+                  : (s + gridDim.z) * (MSV_ATTN_SPLIT / MSV_KV_BLOCK);
+            MSV_ATTN_WALK_FETCH(npg, cur ^ 1);
+            msv_cp_async_wait_prior();
+            __syncwarp();
+
+            key0 = pg * MSV_KV_BLOCK;
+            nk = min((uint32_t) MSV_KV_BLOCK, nkeys - key0);
+            kt = sm + (size_t) cur * SB;
+            vt = kt + MSV_KV_BLOCK * RS;
+
+            /* scores: keys 8 n + 2 q + {0, 1} of row r, tiles n = 0, 1 */
+#pragma unroll
+            for (i = 0; i < 4; i++) {
+                sc[0][i] = 0.0f;
+                sc[1][i] = 0.0f;
+            }
+#pragma unroll
+            for (ks = 0; ks < HD / 16; ks++) {
+                msv_ldmatrix_x4(fr, kt + ((lane >> 4) * 8 + (lane & 7)) * RS
+                                       + ks * 16 + ((lane >> 3) & 1) * 8);
+                msv_mma_bf16(sc[0], qa[ks], fr[0], fr[1]);
+                msv_mma_bf16(sc[1], qa[ks], fr[2], fr[3]);
+            }
+            x[0] = sc[0][0] + sc[0][2];
+            x[1] = sc[0][1] + sc[0][3];
+            x[2] = sc[1][0] + sc[1][2];
+            x[3] = sc[1][1] + sc[1][3];
+            if (three) {               /* row r + 4, in lane + 16 */
+                x[0] += __shfl_xor_sync(0xffffffffu, sc[0][0], 16);
+                x[1] += __shfl_xor_sync(0xffffffffu, sc[0][1], 16);
+                x[2] += __shfl_xor_sync(0xffffffffu, sc[1][0], 16);
+                x[3] += __shfl_xor_sync(0xffffffffu, sc[1][1], 16);
+            }
+#pragma unroll
+            for (i = 0; i < 4; i++) {
+                x[i] *= a.scale;
+            }
+            if (2 * q >= nk) {
+                x[0] = -INFINITY;
+            }
+            if (2 * q + 1 >= nk) {
+                x[1] = -INFINITY;
+            }
+            if (2 * q + 8 >= nk) {
+                x[2] = -INFINITY;
+            }
+            if (2 * q + 9 >= nk) {
+                x[3] = -INFINITY;
+            }
+            mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+
+            /* the running state to the new max (key 0 of a page is
+             * always a key: mx is finite) */
+            mn = fmaxf(mr, mx);
+            f = expf(mr - mn);         /* mr = -inf at first: f = 0 */
+#pragma unroll
+            for (nt = 0; nt < HD / 8; nt++) {
+                o[nt][0] *= f;
+                o[nt][1] *= f;
+                o[nt][2] *= f;
+                o[nt][3] *= f;
+            }
+#pragma unroll
+            for (i = 0; i < 4; i++) {
+                msv_split_bf16(expf(x[i] - mn), &x[i], &v[i]);
+            }
+            l = (x[0] + v[0] + (x[1] + v[1]))
+                + (x[2] + v[2] + (x[3] + v[3]));
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            lr = __fadd_rn(__fmul_rn(lr, f), l);
+            mr = mn;
+            pa[0] = msv_pack_bf16(x[0], x[1]);
+            pa[1] = msv_pack_bf16(v[0], v[1]);
+            pa[2] = msv_pack_bf16(x[2], x[3]);
+            pa[3] = msv_pack_bf16(v[2], v[3]);
+
+            /* values: dimensions 8 n + 2 q + {0, 1} of row r */
+#pragma unroll
+            for (nt = 0; nt < HD / 16; nt++) {
+                msv_ldmatrix_x4_trans(fr, vt + (((lane >> 3) & 1) * 8
+                                                + (lane & 7)) * RS
+                                             + nt * 16 + (lane >> 4) * 8);
+                msv_mma_bf16(o[2 * nt], pa, fr[0], fr[1]);
+                msv_mma_bf16(o[2 * nt + 1], pa, fr[2], fr[3]);
+            }
+            __syncwarp();              /* the stage is read: the next
+                                          fetch may fill it */
+            cur ^= 1;
+        }
+
+        /* the split's state: row r's output is rows r and r + 8 */
+        if (gridDim.z == 1) {
+            msv_attn_fold_scale(&mt, &lt, mr, lr, &fa, &fb);
+#pragma unroll
+            for (nt = 0; nt < HD / 8; nt++) {
+                A[2 * nt] = msv_attn_fold_out(A[2 * nt],
+                                              o[nt][0] + o[nt][2], fa, fb);
+                A[2 * nt + 1] = msv_attn_fold_out(A[2 * nt + 1],
+                                                  o[nt][1] + o[nt][3],
+                                                  fa, fb);
+            }
+        } else if (r < ng) {
+            wp = (((size_t) t * a.n_heads + h0 + r) * S + s) * (HD + 2);
+#pragma unroll
+            for (nt = 0; nt < HD / 8; nt++) {
+                *(float2 *) &a.part[wp + nt * 8 + 2 * q] =
+                    make_float2(o[nt][0] + o[nt][2], o[nt][1] + o[nt][3]);
+            }
+            if (q == 0) {
+                a.part[wp + HD] = mr;
+                a.part[wp + HD + 1] = lr;
+            }
+        }
+
+        s += gridDim.z;
+        if (s >= ns) {
+            break;
+        }
+        /* pg is the next split's first page when gridDim.z is 1; in the
+         * parallel form the block has no other split */
+        pg = s * (MSV_ATTN_SPLIT / MSV_KV_BLOCK);
+    }
+    msv_cp_async_wait_all();
+#undef MSV_ATTN_WALK_FETCH
+
+    if (gridDim.z == 1 && r < ng) {
+#pragma unroll
+        for (nt = 0; nt < HD / 8; nt++) {
+            d = (h0 + r) * HD + nt * 8 + 2 * q;
+            msv_store_act(a.out, a.out_fmt, a.n_tokens, t,
+                          (size_t) a.n_heads * HD, d, A[2 * nt] / lt);
+            msv_store_act(a.out, a.out_fmt, a.n_tokens, t,
+                          (size_t) a.n_heads * HD, d + 1, A[2 * nt + 1] / lt);
+        }
+    }
+}
+
+
 /* The tensor-core form of the per-token kernels: one block per (token of
  * a->rest, or of the batch, kv head), per split in the parallel form. */
 static cudaError_t
 attention_mma_forward(const struct msv_attn_args *a, uint32_t n_tok,
     uint32_t S, int parallel, cudaStream_t stream)
 {
-    static int   ready[4];
+    static int   ready[4], walk_ready[4];
     dim3         grid;
     size_t       smem;
     int          k;
@@ -1447,10 +1743,42 @@ attention_mma_forward(const struct msv_attn_args *a, uint32_t n_tok,
             *a, S);                                                          \
     } while (0)
 
+#define MSV_ATTN_WALK(HD, K)                                                 \
+    do {                                                                     \
+        if (!walk_ready[K]) {                                                \
+            e = cudaFuncSetAttribute(attention_walk_kernel<HD>,              \
+                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);\
+            if (e != cudaSuccess) {                                          \
+                return e;                                                    \
+            }                                                                \
+            walk_ready[K] = 1;                                               \
+        }                                                                    \
+        attention_walk_kernel<HD><<<grid, 32, smem, stream>>>(*a, S);        \
+    } while (0)
+
     grid = dim3(n_tok, a->n_kv_heads, parallel ? S : 1);
-    smem = msv_attn_mma_smem(a->head_dim);
     k = a->head_dim == 16 ? 0 : a->head_dim == 32 ? 1
         : a->head_dim == 64 ? 2 : 3;
+    if (a->kernel == MSV_ATTN_KERNEL_WALK) {
+        smem = msv_attn_walk_smem(a->head_dim);
+        switch (k) {
+        case 0:
+            MSV_ATTN_WALK(16, 0);
+            break;
+        case 1:
+            MSV_ATTN_WALK(32, 1);
+            break;
+        case 2:
+            MSV_ATTN_WALK(64, 2);
+            break;
+        default:
+            MSV_ATTN_WALK(128, 3);
+            break;
+        }
+        return cudaGetLastError();
+    }
+
+    smem = msv_attn_mma_smem(a->head_dim);
     switch (k) {
     case 0:
         MSV_ATTN_MMA(16, 0);
@@ -1466,6 +1794,7 @@ attention_mma_forward(const struct msv_attn_args *a, uint32_t n_tok,
         break;
     }
 #undef MSV_ATTN_MMA
+#undef MSV_ATTN_WALK
     return cudaGetLastError();
 }
 
