@@ -136,14 +136,15 @@ $(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) \
 	    -o $@ $< $(E2E_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) \
 	    $(LDLIBS)
 
-# the packed-mask benchmark runs the module's output writer as nginx's
-# build compiles it (-O), against nginx's configured headers and the core
-# functions of fuzz/ngx_shim.c; `module` configures those headers
+# the packed-mask benchmark runs the module's output writer as the
+# module's build compiles it (-O2, tools/build-module.sh), against nginx's
+# configured headers and the core functions of fuzz/ngx_shim.c; `module`
+# configures those headers
 $(B)/bench/packed_bench: bench/packed_bench.c fuzz/ngx_shim.c \
                          ngx_module/ngx_http_maskserve_output.c \
                          $(MSV_NGX_SRC) $(wildcard ngx_module/*.h) | module
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -Ishm -Ingx_module -Ifuzz $(NGX_INCS) -O -g -Wall -Wextra \
+	$(CC) $(CPPFLAGS) -Ishm -Ingx_module -Ifuzz $(NGX_INCS) -O2 -g -Wall -Wextra \
 	    -Wno-unused-parameter -MMD -MP \
 	    -o $@ bench/packed_bench.c fuzz/ngx_shim.c \
 	    ngx_module/ngx_http_maskserve_output.c ngx_module/msv_b64.c \

@@ -126,7 +126,14 @@ msv_usage(FILE *f)
 "                         client CPU (all threads), choices per request,\n"
 "                         per --cpu label CPU seconds, VmRSS at the end\n"
 "                         and VmHWM (kB)\n"
-"  --label STR            the first column of those lines (\"-\")\n");
+"  --label STR            the first column of those lines (\"-\")\n"
+"  --metrics PATH         GET PATH (the module's /metrics) before and\n"
+"                         after every run: the mask ids, float32 logprobs\n"
+"                         and bytes nginx formatted in the run's format\n"
+"                         (JSON or packed) and the seconds it took, inside\n"
+"                         the module; printed per run and in the CSV\n"
+"                         (fmt_rows, fmt_ids, fmt_floats, fmt_bytes,\n"
+"                         fmt_ids_s, fmt_floats_s)\n");
 }
 
 
@@ -300,6 +307,7 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
         { "threads",      required_argument, 0, 'j' },
         { "csv",          required_argument, 0, 'F' },
         { "label",        required_argument, 0, 'L' },
+        { "metrics",      required_argument, 0, 'X' },
         { "help",         no_argument,       0, 'h' },
         { 0, 0, 0, 0 }
     };
@@ -400,6 +408,14 @@ msv_parse_opts(int argc, char **argv, msv_load_opts_t *o)
             break;
         case 'L':
             o->label = optarg;
+            break;
+        case 'X':
+            if (optarg[0] != '/' || strpbrk(optarg, " \r\n") != NULL) {
+                fprintf(stderr, "e2e_load: --metrics: \"%s\" is not a path "
+                        "(\"/metrics\")\n", optarg);
+                return -1;
+            }
+            o->metrics = optarg;
             break;
         case 'E':
             if (msv_opt_long("--ignore-eos", optarg, 0, 1, &v) != 0) {
@@ -542,6 +558,10 @@ msv_csv_open(const msv_load_opts_t *o)
             fprintf(f, ",%s_cpu_s,%s_rss_kb,%s_hwm_kb", o->watch[i].label,
                     o->watch[i].label, o->watch[i].label);
         }
+        if (o->metrics != NULL) {
+            fprintf(f, ",fmt_rows,fmt_ids,fmt_floats,fmt_bytes,fmt_ids_s,"
+                    "fmt_floats_s");
+        }
         fprintf(f, "\n");
     }
     return f;
@@ -570,6 +590,12 @@ msv_csv_run(const msv_load_opts_t *o, const msv_run_t *run, long rep)
     for (i = 0; i < o->n_watch; i++) {
         fprintf(f, ",%.6f,%lld,%lld", run->wcpu[i], run->rss_kb[i],
                 run->hwm_kb[i]);
+    }
+    if (o->metrics != NULL) {
+        const msv_fmt_count_t  *c = &run->fmt.f[msv_packed_of(run->mode)];
+
+        fprintf(f, ",%.0f,%.0f,%.0f,%.0f,%.9f,%.9f", c->rows, c->ids,
+                c->floats, c->bytes, c->ids_s, c->floats_s);
     }
     fprintf(f, "\n");
     if (fclose(f) != 0) {

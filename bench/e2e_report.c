@@ -23,6 +23,20 @@
  * for a missed one the report names the stage whose cost grew most
  * against mask-off (or, for the absolute mask-off target, the largest
  * stage), with its numbers, and how busy nginx and the client were.
+ *
+ * Formatting inside nginx (the client's fmt_* columns: the module's
+ * maskserve_format_* counters before and after each run, e2e_load
+ * --metrics): M ids/s and M float32/s over the time the module spent
+ * writing each array, its share of nginx's CPU, and nginx's CPU per
+ * 1000-id row (nginx CPU seconds / (mask ids / 1000)).  Targets: JSON
+ * support rows formatted at >= 100 M ids/s and >= 40 M float32/s; packed
+ * support rows at most a tenth of the nginx CPU per 1000-id row of the
+ * JSON support run of the same row and repeat (runs where nginx used
+ * under 50 ms of CPU have no such figure: /proc counts 10 ms ticks).
+ * Runs of a client without
+ * those columns (older CSVs, PART=merge) show "-" there and have no
+ * formatting target; nginx CPU per 1000-id row needs only the client's
+ * mask_ids and nginx CPU.
  */
 
 #include <errno.h>
@@ -35,6 +49,9 @@
 
 #define MSV_MAX_COLS   64
 #define MSV_LINE_MAX   4096
+
+/* the least nginx CPU (s) a run needs for its CPU per 1000-id row */
+#define MSV_NGINX_CPU_MIN  0.05
 
 /* one step of the log */
 typedef struct {
@@ -62,6 +79,15 @@ typedef struct {
     long    choices;                /* per request (sampling_params.n) */
     double  tokens, bytes, wall, ccpu;
     double  wcpu, wrss, whwm, ncpu, nrss, nhwm;
+    double  mask_ids;
+
+    /* formatting inside nginx (NAN: not measured) */
+    double  fmt_rows, fmt_ids, fmt_floats, fmt_bytes, fmt_ids_s, fmt_floats_s;
+    double  fmt_ids_rate, fmt_floats_rate;      /* M/s */
+    double  fmt_share;                          /* of nginx CPU */
+    double  ngx_us_krow;                        /* nginx CPU us per 1000 ids */
+    int     fmt_met;                            /* -1: no target */
+    char    fmt_bound[512];
 
     /* from the steps */
     long    n_steps, n_win;
@@ -345,6 +371,13 @@ msv_read_runs(const char *path, size_t s0, size_t s1)
         r->ncpu = atof(C("nginx_cpu_s"));
         r->nrss = atof(C("nginx_rss_kb")) / 1024;
         r->nhwm = atof(C("nginx_hwm_kb")) / 1024;
+        r->mask_ids = atof(C("mask_ids"));
+        r->fmt_rows = atof(C("fmt_rows"));
+        r->fmt_ids = atof(C("fmt_ids"));
+        r->fmt_floats = atof(C("fmt_floats"));
+        r->fmt_bytes = atof(C("fmt_bytes"));
+        r->fmt_ids_s = atof(C("fmt_ids_s"));
+        r->fmt_floats_s = atof(C("fmt_floats_s"));
         msv_row_steps(r, s0, s1);
     }
 #undef C
@@ -457,6 +490,92 @@ msv_bound(msv_row_t *r, const msv_row_t *off)
 }
 
 
+/* The formatting numbers of a run, from its fmt_* columns. */
+static void
+msv_fmt_rates(msv_row_t *r)
+{
+    double  t = r->fmt_ids_s + r->fmt_floats_s;
+
+    r->fmt_ids_rate = r->fmt_ids_s > 0 ? r->fmt_ids / r->fmt_ids_s / 1e6
+                                       : NAN;
+    r->fmt_floats_rate = r->fmt_floats_s > 0
+                         ? r->fmt_floats / r->fmt_floats_s / 1e6 : NAN;
+    r->fmt_share = t > 0 && r->ncpu > 0 ? t / r->ncpu : NAN;
+    /* /proc counts CPU time in 10 ms ticks: less than 5 is not a number */
+    r->ngx_us_krow = r->mask_ids > 0 && r->ncpu >= MSV_NGINX_CPU_MIN
+                     ? r->ncpu * 1e6 / (r->mask_ids / 1000) : NAN;
+}
+
+
+static msv_row_t *
+msv_mode_of(const msv_row_t *r, const char *mode)
+{
+    size_t  i;
+
+    for (i = 0; i < n_rows; i++) {
+        if (strcmp(rows[i].label, r->label) == 0 && rows[i].repeat == r->repeat
+            && strcmp(rows[i].mode, mode) == 0)
+        {
+            return &rows[i];
+        }
+    }
+    return NULL;
+}
+
+
+/*
+ * The formatting targets: JSON support at >= 100 M ids/s and >= 40 M
+ * float32/s inside the module; packed support at most a tenth of JSON's
+ * nginx CPU per 1000-id row.  A missed one names its bound.
+ */
+static void
+msv_fmt_target(msv_row_t *r)
+{
+    msv_row_t  *j;
+    double      us_fmt, us_rest;
+
+    r->fmt_met = -1;
+
+    if (strcmp(r->mode, "support") == 0 && !isnan(r->fmt_ids_rate)
+        && !isnan(r->fmt_floats_rate))
+    {
+        r->fmt_met = r->fmt_ids_rate >= 100 && r->fmt_floats_rate >= 40;
+        if (!r->fmt_met) {
+            snprintf(r->fmt_bound, sizeof(r->fmt_bound), "%s%s: ids %.1f M/s "
+                     "(%.2f ns each) against >= 100, float32 %.1f M/s (%.2f "
+                     "ns each) against >= 40, over %.0f rows of %.0f ids",
+                     r->fmt_ids_rate < 100 ? "the ids" : "",
+                     r->fmt_floats_rate < 40
+                     ? (r->fmt_ids_rate < 100 ? " and the logprobs"
+                                              : "the logprobs") : "",
+                     r->fmt_ids_rate, 1e3 / r->fmt_ids_rate,
+                     r->fmt_floats_rate, 1e3 / r->fmt_floats_rate,
+                     r->fmt_rows, r->fmt_rows > 0 ? r->fmt_ids / r->fmt_rows
+                                                  : NAN);
+        }
+        return;
+    }
+
+    if (strcmp(r->mode, "support-packed") == 0 && !isnan(r->ngx_us_krow)
+        && (j = msv_mode_of(r, "support")) != NULL && !isnan(j->ngx_us_krow))
+    {
+        r->fmt_met = r->ngx_us_krow <= j->ngx_us_krow / 10;
+        if (!r->fmt_met) {
+            us_fmt = r->fmt_ids > 0
+                     ? (r->fmt_ids_s + r->fmt_floats_s) * 1e6
+                       / (r->fmt_ids / 1000) : NAN;
+            us_rest = r->ngx_us_krow - us_fmt;
+            snprintf(r->fmt_bound, sizeof(r->fmt_bound), "nginx CPU %.2f us "
+                     "per 1000-id row packed against %.2f JSON (%.1fx less; "
+                     "needs 10x): of packed's, base64 %.2f us, the rest of "
+                     "nginx (ring reading, chains, sends) %.2f us",
+                     r->ngx_us_krow, j->ngx_us_krow,
+                     j->ngx_us_krow / r->ngx_us_krow, us_fmt, us_rest);
+        }
+    }
+}
+
+
 static void
 msv_fmt(char *buf, size_t n, const char *fmt, double v)
 {
@@ -493,7 +612,12 @@ main(int argc, char **argv)
     }
 
     for (i = 0; i < n_rows; i++) {
+        msv_fmt_rates(&rows[i]);
+    }
+
+    for (i = 0; i < n_rows; i++) {
         r = &rows[i];
+        msv_fmt_target(r);
         off = msv_off_of(r);
         r->ratio = NAN;
         if (strcmp(r->mode, "off") != 0 && off != NULL) {
@@ -530,13 +654,17 @@ main(int argc, char **argv)
             "fwd_s,sample_s,ring_s,host_s,outside_steps_s,wire_mb_s,"
             "nginx_cpu_s,nginx_cpu_ms_per_mb,client_cpu_s,"
             "client_cpu_ms_per_mb,worker_cpu_s,worker_rss_mb,worker_hwm_mb,"
-            "nginx_rss_mb,nginx_hwm_mb,bound\n");
+            "nginx_rss_mb,nginx_hwm_mb,bound,mask_ids,fmt_rows,fmt_ids,"
+            "fmt_floats,fmt_bytes,fmt_ids_s,fmt_floats_s,fmt_ids_m_s,"
+            "fmt_floats_m_s,fmt_share_of_nginx_cpu,nginx_cpu_us_per_1000_ids,"
+            "fmt_met,fmt_bound\n");
     for (i = 0; i < n_rows; i++) {
         r = &rows[i];
         fprintf(csv, "%s,%s,%s,%s,%ld,%g,%ld,%s,%ld,%ld,%ld,%ld,%ld,%.0f,"
                 "%ld,%ld,%.1f,%.3f,%.1f,%.4f,%g,%d,%.3f,%.3f,%.3f,%.3f,%.3f,"
                 "%.3f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.3f,"
-                "%.3f,%.0f,%.0f,%.0f,%.0f,\"%s\"\n", r->label, r->kind,
+                "%.3f,%.0f,%.0f,%.0f,%.0f,\"%s\",%.0f,%.0f,%.0f,%.0f,%.0f,"
+                "%.6f,%.6f,%.2f,%.2f,%.4f,%.3f,%d,\"%s\"\n", r->label, r->kind,
                 r->batch, r->maxtok, r->top_k, r->top_p, r->stream, r->mode,
                 r->repeat, r->requests, r->ok, r->failed, r->mismatches,
                 r->tokens, r->n_steps, r->n_win, r->steady_tps, r->wall,
@@ -548,7 +676,11 @@ main(int argc, char **argv)
                 r->wall > 0 ? r->bytes / r->wall / 1e6 : NAN, r->ncpu,
                 r->bytes > 0 ? r->ncpu * 1e3 / (r->bytes / 1e6) : NAN,
                 r->ccpu, r->bytes > 0 ? r->ccpu * 1e3 / (r->bytes / 1e6) : NAN,
-                r->wcpu, r->wrss, r->whwm, r->nrss, r->nhwm, r->bound);
+                r->wcpu, r->wrss, r->whwm, r->nrss, r->nhwm, r->bound,
+                r->mask_ids, r->fmt_rows, r->fmt_ids, r->fmt_floats,
+                r->fmt_bytes, r->fmt_ids_s, r->fmt_floats_s, r->fmt_ids_rate,
+                r->fmt_floats_rate, r->fmt_share, r->ngx_us_krow, r->fmt_met,
+                r->fmt_bound);
     }
     if (fclose(csv) != 0) {
         fprintf(stderr, "e2e_report: %s: write failed\n", argv[1]);
@@ -588,6 +720,39 @@ main(int argc, char **argv)
                r->wrss, r->whwm, r->nrss, r->nhwm);
     }
 
+    printf("\nFormatting inside nginx, from the module's /metrics before and "
+           "after each run (maskserve_format_*): rates over the time spent "
+           "writing each array (CLOCK_MONOTONIC around each row's arrays), "
+           "format share = that time / nginx CPU, nginx CPU per 1000-id row "
+           "= nginx CPU / (mask ids / 1000), \"-\" when nginx used under "
+           "50 ms of CPU in the run.  Targets: JSON support >= 100 M "
+           "ids/s and >= 40 M float32/s; packed support nginx CPU per "
+           "1000-id row <= JSON's / 10 (same row).\n\n");
+    printf("| row | mask | rows | ids/row | ids M/s | float32 M/s | format "
+           "ms | MB written | format share of nginx CPU | nginx CPU us per "
+           "1000-id row | target |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (i = 0; i < n_rows; i++) {
+        r = &rows[i];
+        if (strcmp(r->mode, "off") == 0) {
+            continue;
+        }
+        msv_fmt(f[0], 32, "%.0f", r->fmt_rows);
+        msv_fmt(f[1], 32, "%.1f", r->fmt_rows > 0 ? r->fmt_ids / r->fmt_rows
+                                                  : NAN);
+        msv_fmt(f[2], 32, "%.1f", r->fmt_ids_rate);
+        msv_fmt(f[3], 32, "%.1f", r->fmt_floats_rate);
+        msv_fmt(f[4], 32, "%.2f", (r->fmt_ids_s + r->fmt_floats_s) * 1e3);
+        msv_fmt(f[5], 32, "%.2f", r->fmt_bytes / 1e6);
+        msv_fmt(f[6], 32, "%.3f", r->fmt_share);
+        msv_fmt(f[7], 32, "%.2f", r->ngx_us_krow);
+        snprintf(f[8], 32, "%s", r->fmt_met < 0 ? "-" : r->fmt_met ? "met"
+                                 : "**missed**");
+        printf("| %s%s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+               r->label, r->repeat > 1 ? " r2" : "", r->mode, f[0], f[1],
+               f[2], f[3], f[4], f[5], f[6], f[7], f[8]);
+    }
+
     printf("\nMissed targets and the stage that bounds each (computed from "
            "the stage columns):\n\n");
     a = 0;
@@ -599,6 +764,11 @@ main(int argc, char **argv)
             msv_fmt(f[1], 32, r->target > 10 ? "%.0f" : "%.3f", r->target);
             printf("- %s %s: %s against >= %s: %s\n", r->label, r->mode,
                    f[0], f[1], r->bound);
+            a++;
+        }
+        if (r->fmt_met == 0) {
+            printf("- %s %s, formatting: %s\n", r->label, r->mode,
+                   r->fmt_bound);
             a++;
         }
     }

@@ -12,7 +12,11 @@
 # worker's own step log (--step-log, docs/SCHEDULER.md): decode tokens
 # over the steps where every request of the wave decodes and none
 # prefills; the stage costs per step from the same lines; wall time,
-# bytes, nginx and client CPU and resident memory from the client.
+# bytes, nginx and client CPU and resident memory from the client; what
+# nginx formatted of the masks and the time it took inside the module
+# from its /metrics before and after each wave (e2e_load --metrics), hence
+# M ids/s and M float32/s per core inside the module and nginx CPU per
+# 1000-id row, JSON against packed (bench/e2e_report.c has the targets).
 #
 #   PART=1 bench/gpu_e2e.sh     batch 256, non-streaming: top_k 20, 1000,
 #                               8192 (top_p 1) and 1024 (top_p 0.95); about
@@ -231,7 +235,10 @@ CPU per MB of responses; RSS at the end of the row (VmHWM, the peak, in
 parentheses).  Targets: mask off >= 21,000 tokens/s at batch 256;
 support/off >= 0.97 at top_k 1000, >= 0.85 at top_k 8192 JSON, >= 0.95
 packed; selected/off >= 0.99, 0.98, 0.95 at top_k 20, 1000, 8192;
-staggered top_k 8192 support wall within 1.2x of mask off.
+staggered top_k 8192 support wall within 1.2x of mask off; inside nginx,
+JSON support rows formatted at >= 100 M ids/s and >= 40 M float32/s (the
+module's own counters, maskserve_format_*), and packed support at most a
+tenth of JSON's nginx CPU per 1000-id row.
 
 EOF
 
@@ -299,6 +306,7 @@ http {
         listen 127.0.0.1:$PORT;
         location = /inference/v1/generate { maskserve_generate; maskserve_worker $shm; }
         location = /health { maskserve_health; maskserve_worker $shm; }
+        location = /metrics { maskserve_metrics; maskserve_worker $shm; }
     }
 }
 EOF
@@ -329,7 +337,7 @@ row() {
         --threads "$CLIENT_THREADS" \
         --prompt-len "$PROMPT" --vocab "$VOCAB" --timeout "$TIMEOUT" \
         --modes "$modes" --csv "$pd/runs.csv" --label "$label" \
-        --cpu worker="$wpid" --cpu nginx="$ngx" "$@" \
+        --cpu worker="$wpid" --cpu nginx="$ngx" --metrics /metrics "$@" \
         > "$pd/load_${label//:/_}.txt" 2>&1 || rc=$?
     grep -E "^run |^validation|e2e_load:" "$pd/load_${label//:/_}.txt" \
         | grep -v "^e2e_load: 127" || true

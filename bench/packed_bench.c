@@ -41,7 +41,7 @@
  * answer aborts the run.
  *
  * The module's sources are built here with the flags nginx's own build
- * gives them (tools/build-module.sh: -O), through the nginx core
+ * gives them (tools/build-module.sh: -O2), through the nginx core
  * functions of fuzz/ngx_shim.c (pool allocations are malloc, as nginx's
  * for buffers larger than a page).
  */

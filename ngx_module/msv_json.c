@@ -519,8 +519,6 @@ msv_json_ids_max(uint32_t n)
 char *
 msv_json_ids(char *p, const int32_t *ids, uint32_t n)
 {
-    uint32_t  i;
-
     *p++ = '[';
 
     if (n == 0) {
@@ -528,12 +526,31 @@ msv_json_ids(char *p, const int32_t *ids, uint32_t n)
         return p;
     }
 
+    p = msv_json_ids_part(p, ids, n);
+    p[-1] = ']';
+    return p;
+}
+
+
+uint32_t
+msv_json_ids_fit(size_t room)
+{
+    /* each id stores at most its 11 characters, then the ',' */
+    room /= MSV_I32_MAX_CHARS + 1;
+    return room > UINT32_MAX ? UINT32_MAX : (uint32_t) room;
+}
+
+
+char *
+msv_json_ids_part(char *p, const int32_t *ids, uint32_t n)
+{
+    uint32_t  i;
+
     for (i = 0; i < n; i++) {
         p = msv_put_i32(p, ids[i]);
         *p++ = ',';
     }
 
-    p[-1] = ']';
     return p;
 }
 
@@ -552,8 +569,6 @@ msv_json_f32s_max(uint32_t n)
 char *
 msv_json_f32s(char *p, const float *v, uint32_t n)
 {
-    uint32_t  i;
-
     *p++ = '[';
 
     if (n == 0) {
@@ -561,11 +576,37 @@ msv_json_f32s(char *p, const float *v, uint32_t n)
         return p;
     }
 
+    p = msv_json_f32s_part(p, v, n);
+    p[-1] = ']';
+    return p;
+}
+
+
+uint32_t
+msv_json_f32s_fit(size_t room)
+{
+    /*
+     * each float's text and ',' take at most MSV_F32_MAX_CHARS; the last
+     * one stores up to MSV_F32_ROOM past its start
+     */
+    if (room < MSV_F32_ROOM) {
+        return 0;
+    }
+
+    room = (room - MSV_F32_ROOM) / MSV_F32_MAX_CHARS + 1;
+    return room > UINT32_MAX ? UINT32_MAX : (uint32_t) room;
+}
+
+
+char *
+msv_json_f32s_part(char *p, const float *v, uint32_t n)
+{
+    uint32_t  i;
+
     for (i = 0; i < n; i++) {
         p = msv_put_f32(p, v[i]);
         *p++ = ',';
     }
 
-    p[-1] = ']';
     return p;
 }

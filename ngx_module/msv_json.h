@@ -79,5 +79,16 @@ char *msv_json_ids(char *p, const int32_t *ids, uint32_t n);
 size_t msv_json_f32s_max(uint32_t n);
 char *msv_json_f32s(char *p, const float *v, uint32_t n);
 
+/*
+ * The elements alone, each followed by ',' ("1,5,9,"), for an array
+ * written piece by piece across buffers (its '[' before the first piece,
+ * its last ',' replaced by ']').  The _fit functions give how many
+ * elements may be written into room bytes (0 when not one).
+ */
+uint32_t msv_json_ids_fit(size_t room);
+char *msv_json_ids_part(char *p, const int32_t *ids, uint32_t n);
+uint32_t msv_json_f32s_fit(size_t room);
+char *msv_json_f32s_part(char *p, const float *v, uint32_t n);
+
 
 #endif /* MSV_JSON_H */

@@ -33,6 +33,7 @@
 #include "ngx_http_maskserve_generate.h"
 #include "ngx_http_maskserve_control.h"
 #include "ngx_http_maskserve_redis.h"
+#include "ngx_http_maskserve_stats.h"
 
 
 /* how often a waiting command looks at the mailboxes (ms): often at
@@ -1493,6 +1494,8 @@ ngx_http_maskserve_metrics_handler(ngx_http_request_t *r)
         len += 256 + n * 16 * NGX_HTTP_MASKSERVE_METRIC_LINE;
     }
 
+    len += NGX_HTTP_MASKSERVE_STATS_TEXT;
+
     b = ngx_create_temp_buf(r->pool, len);
     if (b == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -1523,6 +1526,9 @@ ngx_http_maskserve_metrics_handler(ngx_http_request_t *r)
             }
         }
     }
+
+    /* nginx's own, every worker process summed */
+    p = ngx_http_maskserve_stats_metrics(mcf, p);
 
     b->last = p;
 

@@ -21,6 +21,7 @@
 #include "ngx_http_maskserve_redis.h"
 #include "ngx_http_maskserve_fleet.h"
 #include "ngx_http_maskserve_fleet_control.h"
+#include "ngx_http_maskserve_stats.h"
 
 
 static ngx_int_t ngx_http_maskserve_add_variables(ngx_conf_t *cf);
@@ -414,6 +415,10 @@ ngx_http_maskserve_init_main_conf(ngx_conf_t *cf, void *conf)
         return NGX_CONF_ERROR;
     }
 
+    if (mcf->used && ngx_http_maskserve_stats_conf(cf, mcf) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
     return NGX_CONF_OK;
 }
 
@@ -751,6 +756,8 @@ ngx_http_maskserve_init_process(ngx_cycle_t *cycle)
     mcf->log = cycle->log;
     ngx_http_maskserve_process_mcf = mcf;
 
+    ngx_http_maskserve_stats_init_process(mcf);
+
     if (mcf->redis_on) {
         if (ngx_http_maskserve_redis_init_process(cycle, &mcf->redis)
             != NGX_OK)
@@ -782,6 +789,7 @@ ngx_http_maskserve_exit_process(ngx_cycle_t *cycle)
 
     ngx_http_maskserve_attach_exit_process(cycle, mcf);
     ngx_http_maskserve_fleet_exit_process(cycle);
+    ngx_http_maskserve_stats_exit_process();
 
     if (mcf->redis_on) {
         ngx_http_maskserve_redis_exit_process(cycle);

@@ -105,6 +105,7 @@ typedef struct {
     ngx_flag_t                     used;     /* a handler is configured */
     ngx_msec_t                     stall_timeout; /* no heartbeat: lost */
     void                          *fleet;    /* a front: maskserve_fleet */
+    ngx_shm_zone_t                *stats;    /* nginx's own counters */
 
     /* per process */
     ngx_event_t                    tick;     /* heartbeat and registry */

@@ -60,4 +60,35 @@ ngx_chain_t *ngx_http_maskserve_output_error_event(
 size_t ngx_http_maskserve_output_held(ngx_http_maskserve_ctx_t *ctx);
 
 
+/*
+ * What this process formatted of mask payloads (sampling_mask and its
+ * logprobs, not token_ids nor logprobs.content), by mask_format: rows,
+ * ids, float32 logprobs, bytes of text (JSON: the rows' arrays with the
+ * commas between them; packed: base64 characters, each string's padding
+ * included) and the nanoseconds spent writing the ids (packed: with the
+ * row lengths) and the logprobs (CLOCK_MONOTONIC read before, between and
+ * after, about 70 ns a row; scaled at the end of each pass over the ring
+ * by the share of the pass the process was on a CPU).
+ */
+#define NGX_HTTP_MASKSERVE_FMT_JSON    0
+#define NGX_HTTP_MASKSERVE_FMT_PACKED  1
+#define NGX_HTTP_MASKSERVE_FMT_N       2
+
+typedef struct {
+    uint64_t                       rows;
+    uint64_t                       ids;
+    uint64_t                       floats;
+    uint64_t                       bytes;
+    uint64_t                       ids_ns;
+    uint64_t                       floats_ns;
+} ngx_http_maskserve_fmt_count_t;
+
+/*
+ * Copy the tally since the last call into out[NGX_HTTP_MASKSERVE_FMT_N]
+ * (unless NULL) and zero it; whether there was any.
+ */
+ngx_uint_t ngx_http_maskserve_output_take(
+    ngx_http_maskserve_fmt_count_t *out);
+
+
 #endif /* NGX_HTTP_MASKSERVE_OUTPUT_H */

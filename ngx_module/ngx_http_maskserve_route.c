@@ -30,6 +30,7 @@
 #include "ngx_http_maskserve_output.h"
 #include "ngx_http_maskserve_stream.h"
 #include "ngx_http_maskserve_redis.h"
+#include "ngx_http_maskserve_stats.h"
 
 
 static void ngx_http_maskserve_route_finish(ngx_http_maskserve_ctx_t *ctx);
@@ -274,6 +275,9 @@ ngx_http_maskserve_route_flush(ngx_http_maskserve_region_t *rg)
 {
     ngx_queue_t               *q;
     ngx_http_maskserve_ctx_t  *ctx;
+
+    /* what the pass formatted is counted before any of it is sent */
+    ngx_http_maskserve_stats_publish();
 
     while (!ngx_queue_empty(&rg->dirty)) {
         q = ngx_queue_head(&rg->dirty);

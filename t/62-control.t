@@ -21,6 +21,8 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use JSON::PP;
+use HTTP::Tiny;
+use MIME::Base64 ();
 use POSIX ();
 use Test::More;
 use Time::HiRes qw(time sleep);
@@ -183,6 +185,86 @@ sub metrics {
        $d->('maskserve_steps_total'), 'the workload: batches of one');
     is($d->('maskserve_step_batch_sequences_sum'), $d->('maskserve_steps_total'),
        'batch size sum');
+}
+
+# nginx's own formatting counters: after masked requests in each form they
+# grow by exactly the rows, ids and logprobs the responses carried, and by
+# the bytes of their mask text; the time is positive.  Mask-off requests
+# and token_ids count nothing.  nginx runs two worker processes here and
+# the counters are summed over them, whichever one answers /metrics.
+{
+    my $m0 = metrics();
+    my %want = map { my $f = $_; $f => { map { $_ => 0 } qw(rows ids floats bytes) } }
+               qw(json packed);
+    my $i = 0;
+    for my $case (['selected', 'json'], ['support', 'json'],
+                  ['selected', 'packed'], ['support', 'packed'],
+                  ['off', 'json'])
+    {
+        my ($mode, $form) = @$case;
+        my $q = req('f' . $i++, 7, top_k => 8 + 3 * $i);
+        $q->{sampling_logprobs_mode} = $mode unless $mode eq 'off';
+        $q->{return_sampling_mask} = $mode eq 'off' ? $false : $true;
+        $q->{mask_format} = 'packed' if $form eq 'packed';
+        my $r = $t->generate($q);
+        is($r->{status}, 200, "format counters: $mode $form request");
+        next if $mode eq 'off';
+        my $ch = $r->{json}{choices}[0];
+        my $w = $want{$form};
+        $w->{rows} += scalar @{ $ch->{token_ids} };
+        if ($form eq 'json') {
+            my @rows = @{ $ch->{sampling_mask} };
+            $w->{ids} += $_ for map { scalar @$_ } @rows;
+            my $lps = $ch->{sampling_mask_logprobs};
+            $w->{floats} += $mode eq 'support' ? eval { my $s = 0; $s += @$_ for @$lps; $s }
+                                               : scalar @$lps;
+            # the text of the two arrays' insides, as the body has them
+            my ($mt) = $r->{content} =~ /"sampling_mask":\[((?:\[[0-9,]*\],?)*)\]/;
+            my ($lt) = $mode eq 'support'
+                ? $r->{content} =~ /"sampling_mask_logprobs":\[((?:\[[^\[\]]*\],?)*)\]/
+                : $r->{content} =~ /"sampling_mask_logprobs":\[([^\[\]]*)\]/;
+            ok(defined $mt && defined $lt, "format counters: $mode json mask text found");
+            $w->{bytes} += length($mt // '') + length($lt // '');
+        } else {
+            my $p = $ch->{sampling_mask_packed};
+            my @len = unpack 'l<*', MIME::Base64::decode_base64($p->{lengths});
+            is(scalar @len, scalar @{ $ch->{token_ids} }, "format counters: $mode packed lengths");
+            my $ids = length(MIME::Base64::decode_base64($p->{ids})) / 4;
+            my $lps = length(MIME::Base64::decode_base64($p->{logprobs})) / 4;
+            $w->{ids} += $ids;
+            $w->{floats} += $lps;
+            is($ids, eval { my $s = 0; $s += $_ for @len; $s }, "format counters: $mode packed ids");
+            is($lps, $mode eq 'support' ? $ids : scalar @len,
+               "format counters: $mode packed logprobs");
+            $w->{bytes} += length($p->{$_}) for qw(lengths ids logprobs);
+        }
+    }
+    my $m = metrics();
+    for my $form (qw(json packed)) {
+        ok($want{$form}{ids} > $want{$form}{rows}, "format counters: $form rows wider than one id");
+        for my $k (qw(rows ids floats bytes)) {
+            my $n = "maskserve_format_${k}_total{format=\"$form\"}";
+            ok(exists $m->{$n}, "$n present");
+            is(($m->{$n} // 0) - ($m0->{$n} // 0), $want{$form}{$k},
+               "$n grew by $want{$form}{$k}");
+        }
+        for my $a (qw(ids logprobs)) {
+            my $s = "maskserve_format_seconds_total{format=\"$form\",array=\"$a\"}";
+            ok(exists $m->{$s}, "$s present");
+            cmp_ok(($m->{$s} // 0) - ($m0->{$s} // 0), '>', 0, "$s grew");
+            cmp_ok(($m->{$s} // 0) - ($m0->{$s} // 0), '<', 1, "$s: well under a second");
+        }
+    }
+
+    # the same totals from every process, over fresh connections
+    my %seen;
+    for (1 .. 6) {
+        my $r = HTTP::Tiny->new->get($t->url('/metrics'));
+        my ($v) = $r->{content} =~ /^maskserve_format_ids_total\{format="json"\} ([0-9]+)$/m;
+        $seen{$v // 'none'}++;
+    }
+    is_deeply([keys %seen], [$m->{'maskserve_format_ids_total{format="json"}'}],
+              'format counters: one total whichever process answers');
 }
 
 # ---------------------------------------------------------------- pause

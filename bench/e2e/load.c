@@ -677,9 +677,17 @@ msv_run(msv_client_t *C, msv_run_t *run, int mode, long requests)
     long        i, t;
     double      cpu0;
     int         rc = 0, err;
+    msv_metrics_t  m0, m1;
 
     memset(run, 0, sizeof(*run));
     run->mode = mode;
+
+    /* outside the CPU samples: the fetches cost nginx a little */
+    if (C->o.metrics != NULL
+        && msv_metrics_fetch(C->ai, C->o.metrics, &m0) != 0)
+    {
+        return -1;
+    }
 
     for (i = 0; i < C->o.n_watch; i++) {
         run->wcpu[i] = msv_watch_cpu(&C->o.watch[i], &run->wst[i]);
@@ -729,6 +737,13 @@ msv_run(msv_client_t *C, msv_run_t *run, int mode, long requests)
         run->wst[i].sys = st.sys - run->wst[i].sys;
         run->wst[i].faults = st.faults - run->wst[i].faults;
         msv_watch_mem(&C->o.watch[i], &run->rss_kb[i], &run->hwm_kb[i]);
+    }
+
+    if (C->o.metrics != NULL) {
+        if (msv_metrics_fetch(C->ai, C->o.metrics, &m1) != 0) {
+            return -1;
+        }
+        msv_metrics_sub(&m1, &m0, &run->fmt);
     }
 
     for (t = 0; t < C->n_loops; t++) {
@@ -911,6 +926,17 @@ msv_run_print(const msv_load_opts_t *o, msv_run_t *run, long rep)
         printf(", %s %.2f ms (system %.2f, %.0f page faults)",
                o->watch[i].label, run->wcpu_ms[i], run->wsys_ms[i],
                run->wfaults[i]);
+    }
+    if (o->metrics != NULL && run->mode != MSV_MODE_OFF) {
+        const msv_fmt_count_t  *c = &run->fmt.f[msv_packed_of(run->mode)];
+
+        printf("; formatted in nginx (%s): %.0f rows, %.0f ids in %.2f ms "
+               "(%.1f M/s), %.0f logprobs in %.2f ms (%.1f M/s), %.2f MB",
+               msv_packed_of(run->mode) ? "packed" : "json", c->rows, c->ids,
+               c->ids_s * 1e3, c->ids_s > 0 ? c->ids / c->ids_s / 1e6 : 0,
+               c->floats, c->floats_s * 1e3,
+               c->floats_s > 0 ? c->floats / c->floats_s / 1e6 : 0,
+               c->bytes / 1e6);
     }
     printf("\n");
     fflush(stdout);

@@ -21,6 +21,7 @@
 #include "array.h"
 #include "check.h"
 #include "http.h"
+#include "metrics.h"
 
 
 #define MSV_LOAD_MAX_CONC     4096
@@ -74,6 +75,7 @@ typedef struct {
     int          n_modes;
     msv_watch_t  watch[MSV_LOAD_MAX_WATCH];
     int          n_watch;
+    const char  *metrics;           /* GET it around every run; NULL: no */
 } msv_load_opts_t;
 
 
@@ -97,6 +99,7 @@ typedef struct {
     msv_proc_stat_t  wst[MSV_LOAD_MAX_WATCH];  /* their system part, faults */
     long long    rss_kb[MSV_LOAD_MAX_WATCH];  /* their VmRSS at the end */
     long long    hwm_kb[MSV_LOAD_MAX_WATCH];  /* and VmHWM (peaks) */
+    msv_metrics_t  fmt;             /* --metrics: what nginx formatted */
     msv_f64s_t   done_t;            /* completion times, all outcomes */
     msv_f64s_t   ok_t;              /* completion times, valid ones */
     msv_f64s_t   start_t;           /* per valid response: its start, */
