@@ -76,10 +76,10 @@ void gemm_inv_free(struct msv_gemm_inv *inv);
  * Pin an algorithm for w's shape unless one is pinned already (then 0
  * and line[0] = 0).  Candidates: the heuristic's results for n = 1, 64,
  * 256 without split-K; each timed on w itself at n = 1, 64, 256 (scratch
- * activations, synchronous on stream), the one with the least sum of its
- * times relative to the fastest candidate at each n kept.  line: one line
- * naming the chosen config, its times and the default path's.  cublas
- * times the default path.  0, or -1 with err set.
+ * activations, synchronous on stream), the one whose worst ratio to the
+ * default path's time over those n is smallest kept.  line: one line
+ * naming the chosen config, its times, the default path's and that
+ * ratio.  cublas times the default path.  0, or -1 with err set.
  */
 int gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
     const struct msv_dmat *w, cudaStream_t stream, char *line,
