@@ -1,7 +1,8 @@
 /*
  * resp.c: one response, checked as it arrives and as a whole (see
  * resp.h).  The documents are parsed as their bytes come (yajl with
- * check.c's callbacks), so neither the body nor an event is buffered.
+ * check.c's callbacks), in pieces of bounded size (msv_resp_json), so
+ * neither the body nor an event is buffered whole.
  */
 
 #include <stdarg.h>
@@ -56,6 +57,8 @@ msv_resp_free(msv_resp_t *r)
 {
     msv_resp_stop(r);
     msv_doc_free(&r->doc);
+    free(r->stage.p);
+    memset(&r->stage, 0, sizeof(r->stage));
     free(r->sse.data.p);
     free(r->ch);
     r->ch = NULL;
@@ -134,11 +137,25 @@ msv_resp_doc(msv_resp_t *r, msv_doc_t *d)
 }
 
 
+/*
+ * yajl lexes a token that a piece ends inside of again from its start
+ * with the next piece, so a string of S bytes fed in pieces of C costs
+ * about S * S / 2C: a packed mask's base64 arrays are single strings of
+ * up to 22 MB (top_k 8192, 512 tokens), which in the pieces nginx sends
+ * cost seconds of client CPU a response.  The bytes wait in r->stage
+ * until they reach half of what the document has had, between
+ * MSV_RESP_FEED_MIN and MSV_RESP_FEED_MAX: a few re-lexed megabytes
+ * per long string at most, at most MSV_RESP_FEED_MAX held.
+ */
+#define MSV_RESP_FEED_MIN  (64u << 10)
+#define MSV_RESP_FEED_MAX  (8u << 20)
+
 int
 msv_resp_json(msv_resp_t *r, const char *p, size_t n, int end)
 {
     yajl_status     st;
     unsigned char  *msg;
+    size_t          want;
 
     if (r->yh == NULL) {
         msv_doc_reset(&r->doc, &r->e);
@@ -147,9 +164,25 @@ msv_resp_json(msv_resp_t *r, const char *p, size_t n, int end)
             fprintf(stderr, "e2e: yajl_alloc failed\n");
             exit(1);
         }
+        r->stage.n = 0;
+        r->fed = 0;
     }
 
+    if (n > 0) {
+        msv_bytes_add(&r->stage, p, n);
+    }
+    want = r->fed / 2;
+    want = want < MSV_RESP_FEED_MIN ? MSV_RESP_FEED_MIN
+           : want > MSV_RESP_FEED_MAX ? MSV_RESP_FEED_MAX : want;
+    if (!end && r->stage.n < want) {
+        return 0;
+    }
+
+    p = r->stage.p;
+    n = r->stage.n;
     st = n ? yajl_parse(r->yh, (const unsigned char *) p, n) : yajl_status_ok;
+    r->fed += n;
+    r->stage.n = 0;
     if (st == yajl_status_ok && end) {
         st = yajl_complete_parse(r->yh);
     }

@@ -47,9 +47,13 @@ struct msv_resp_s {
     double         t_first;         /* first event (or first byte) */
     msv_sse_t      sse;
 
-    /* JSON of the body (non-streaming) or of the current event */
+    /* JSON of the body (non-streaming) or of the current event: its
+     * bytes go to yajl in pieces of a size that grows with the document
+     * (msv_resp_json), held in stage until then */
     yajl_handle    yh;
     msv_doc_t      doc;
+    msv_bytes_t    stage;
+    size_t         fed;             /* bytes of the document parsed */
 
     /* accumulated over the events, all choices */
     long           n_events;

@@ -623,6 +623,40 @@ main(void)
                           0, 2, 0, &h, why, sizeof(why));
         tap_ok(rc == 0 && h != h_body, "the choices swapped change the "
                "hash%s%s", rc ? ": " : "", rc ? why : "");
+
+        /* a body of 700 KB (whitespace between its tokens): the parser
+         * gets it in pieces of growing size (resp.c), whatever the reads;
+         * the same hash, and a broken end still caught */
+        {
+            static const char  *small = BODY(A0 "," A1, 4);
+            static const size_t  big_steps[] = { 1, 7, 4096, 0 };
+            size_t   pad = 350000, len = strlen(small), half, bi;
+            char    *big;
+
+            big = malloc(len + 2 * pad + 2);
+            half = strcspn(small, ",");        /* after the first key */
+            memcpy(big, small, 1);
+            memset(big + 1, ' ', pad);
+            memcpy(big + 1 + pad, small + 1, half - 1);
+            memset(big + pad + half, '\n', pad);
+            memcpy(big + 2 * pad + half, small + half, len - half + 1);
+            for (bi = 0; bi < sizeof(big_steps) / sizeof(big_steps[0]);
+                 bi++)
+            {
+                rc = check_resp_n(big, 0, 2, big_steps[bi], &h, why,
+                                  sizeof(why));
+                tap_ok(rc == 0 && h == h_body, "a body of %zu bytes, %zu "
+                       "bytes a read (0: all): passes, the same hash%s%s",
+                       strlen(big), big_steps[bi], rc ? ": " : "",
+                       rc ? why : "");
+            }
+            big[strlen(big) - 1] = ',';
+            rc = check_resp_n(big, 0, 2, 4096, &h, why, sizeof(why));
+            tap_ok(rc != 0 && strstr(why, "invalid JSON") != NULL,
+                   "a body of %zu bytes broken at its end is caught "
+                   "(\"%s\")", strlen(big), why);
+            free(big);
+        }
 #undef CH
 #undef USAGE
 #undef BODY
