@@ -576,39 +576,14 @@ attention_vec_kernel(struct msv_attn_args a, uint32_t n_groups, uint32_t S)
 
 
 /*
- * The bf16-KV form on the tensor cores (head_dim 16, 32, 64 or 128, up to
- * 8 query heads per kv head: every model preset).  One block per (token,
- * kv head), four warps; warp w takes page w of each split (a split is
- * four pages), so the block reads a split's 64 keys at once:
- *   load:    cp.async of the page's K and V rows (bf16, as stored) into
- *            the warp's shared stage, rows past the sequence zero-filled;
- *            the next split's page is in flight while this one computes;
- *   scores:  mma m16n8k16 with the group's q in the rows: row g holds
- *            bf16(q) of head g, row g + 8 the remainder bf16(q - hi), so
- *            the sum of the two rows carries q to about 2^-16 relative
- *            (the rows would be idle otherwise); with at most 4 heads,
- *            row g + 4 holds the remainder of that, and q is carried to
- *            fp32 precision; K fragments by ldmatrix;
- *   softmax: per page, over the quad of lanes that holds a row;
- *   values:  mma again with the probabilities split the same way (hi in
- *            row g, remainder in row g + 8) and V fragments by
- *            ldmatrix.trans.
- * Each warp leaves its page's (max, sum, output) in its stage; the block
- * folds the split's pages in page order, then the split into the token's
- * state (serial form) or the workspace (parallel form), in split order as
- * everywhere in this file.  The fold's factors (two expf) are taken once a
- * head, not once an element.  The page and split arithmetic is the same in
- * both forms, so the forms give the same bits.
+ * The tensor-core forms (bf16 KV, head_dim 16, 32, 64 or 128, up to
+ * MSV_ATTN_MMA_HEADS query heads per kv head: every model preset) share
+ * the helpers below: bf16 packing and splitting, mma.m16n8k16, ldmatrix
+ * and cp.async.
  */
-#define MSV_ATTN_MMA_WARPS  (MSV_ATTN_SPLIT / MSV_KV_BLOCK)
 #define MSV_ATTN_MMA_HEADS  8
-#ifndef MSV_ATTN_MMA_MINB
-#define MSV_ATTN_MMA_MINB   3          /* blocks an SM (__launch_bounds__) */
-#endif
 
 static_assert(MSV_KV_BLOCK == 16, "an mma tile of keys is one page");
-static_assert(MSV_ATTN_MMA_WARPS * 32 == MSV_ATTN_THREADS,
-              "one warp per page of a split");
 
 static __device__ __forceinline__ uint32_t
 msv_pack_bf16(float first, float second)
@@ -685,308 +660,6 @@ msv_cp_async_wait_prior(void)
 {
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
-
-/* Bytes of the stages: per warp two of K and V tiles [16][HD + 8]. */
-static size_t
-msv_attn_mma_smem(uint32_t hd)
-{
-    return (size_t) MSV_ATTN_MMA_WARPS * 2 * 2 * MSV_KV_BLOCK * (hd + 8)
-           * sizeof(__nv_bfloat16);
-}
-
-template <int HD>
-static __global__ void __launch_bounds__(MSV_ATTN_THREADS, MSV_ATTN_MMA_MINB)
-attention_mma_kernel(struct msv_attn_args a, uint32_t S)
-{
-    extern __shared__ uint4   smq[];
-    const uint32_t            RS = HD + 8;     /* row stride, elements */
-    const uint32_t            SB = 2 * MSV_KV_BLOCK * RS;  /* a stage */
-    const uint32_t            PER = HD / 16;   /* elements a thread folds */
-    __nv_bfloat16            *sm, *st, *kt, *vt;
-    const float              *qp;
-    float                    *sf, *stm, *stl;
-    uint32_t                  qa[HD / 16][4], pa[4], fr[4], t, kvh, ng, h0,
-                              tid, lane, warp, r, q, nkeys, ns, s, sn, cur,
-                              key0, nk, np, e, g, d, c, row, col, i, w, ks,
-                              nt, hr;
-    int                       three;
-    int32_t                   poff;
-    __shared__ float          fs[MSV_ATTN_MMA_WARPS + 1][2]
-                                [MSV_ATTN_MMA_HEADS];  /* fold factors */
-    __shared__ float          tl[MSV_ATTN_MMA_HEADS];  /* token sums */
-    float                     sc[2][4], o[HD / 8][4], A[PER], x[4], hi, lo,
-                              v[4], mx, l, ms, ls, as, mt, lt;
-    size_t                    wp;
-
-    t = a.rest != NULL ? (uint32_t) a.rest[blockIdx.x] : blockIdx.x;
-    kvh = blockIdx.y;
-    ng = a.n_heads / a.n_kv_heads;
-    h0 = kvh * ng;
-    tid = threadIdx.x;
-    lane = tid & 31;
-    warp = tid >> 5;
-    r = lane >> 2;
-    q = lane & 3;
-
-    nkeys = (uint32_t) a.kv.pos[t] + 1;
-    ns = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_ATTN_SPLIT);
-    if (blockIdx.z >= ns) {
-        return;                        /* the whole block: no barrier yet */
-    }
-
-    /* q fragments: row r = head r (hi), row r + 8 = head r (remainder);
-     * with at most 4 heads row r + 4 takes the remainder's remainder */
-    three = ng <= 4;
-    hr = three ? (r & 3) : r;
-    qp = a.q + (size_t) t * a.q_stride + (size_t) (h0 + hr) * HD;
-#pragma unroll
-    for (ks = 0; ks < HD / 16; ks++) {
-        d = ks * 16 + 2 * q;
-        if (hr < ng) {
-            x[0] = qp[d];
-            x[1] = qp[d + 1];
-            x[2] = qp[d + 8];
-            x[3] = qp[d + 9];
-        } else {
-            x[0] = x[1] = x[2] = x[3] = 0.0f;
-        }
-#pragma unroll
-        for (i = 0; i < 4; i++) {
-            msv_split_bf16(x[i], &hi, &lo);
-            if (r >= 4 && three) {
-                x[i] = __bfloat162float(__float2bfloat16_rn(x[i] - hi - lo));
-                v[i] = 0.0f;
-            } else {
-                x[i] = hi;
-                v[i] = lo;
-            }
-        }
-        qa[ks][0] = msv_pack_bf16(x[0], x[1]);
-        qa[ks][1] = msv_pack_bf16(v[0], v[1]);
-        qa[ks][2] = msv_pack_bf16(x[2], x[3]);
-        qa[ks][3] = msv_pack_bf16(v[2], v[3]);
-    }
-
-#pragma unroll
-    for (i = 0; i < PER; i++) {
-        A[i] = 0.0f;
-    }
-    mt = -INFINITY;                    /* the token's state, thread g < ng
-                                          for head g */
-    lt = 0.0f;
-
-    sm = (__nv_bfloat16 *) smq;
-    poff = a.kv.page_off[a.kv.tok_seq[t]];
-
-#define MSV_ATTN_MMA_FETCH(SPLIT, STAGE)                                     \
-    do {                                                                     \
-        uint32_t  k0_ = (SPLIT) * MSV_ATTN_SPLIT + warp * MSV_KV_BLOCK;      \
-        if (k0_ < nkeys) {                                                   \
-            uint32_t  nk_ = min((uint32_t) MSV_KV_BLOCK, nkeys - k0_);       \
-            int32_t   pg_ = a.kv.pages[poff + k0_ / MSV_KV_BLOCK];           \
-            size_t    b_ = ((size_t) pg_ * a.n_kv_heads + kvh)               \
-                           * MSV_KV_BLOCK * HD;                              \
-            __nv_bfloat16  *kt_ = sm + ((size_t) warp * 2 + (STAGE)) * SB;   \
-            __nv_bfloat16  *vt_ = kt_ + MSV_KV_BLOCK * RS;                   \
-            const __nv_bfloat16  *kg_ =                                      \
-                (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
-            const __nv_bfloat16  *vg_ =                                      \
-                (const __nv_bfloat16 *) a.kv.v_cache + b_;                   \
-            for (c = lane; c < MSV_KV_BLOCK * HD / 8; c += 32) {             \
-                row = c / (HD / 8);                                          \
-                col = (c % (HD / 8)) * 8;                                    \
-                msv_cp_async16(kt_ + row * RS + col,                         \
-                               kg_ + (row < nk_ ? row : 0) * HD + col,       \
-                               row < nk_ ? 16u : 0u);                        \
-                msv_cp_async16(vt_ + row * RS + col,                         \
-                               vg_ + (row < nk_ ? row : 0) * HD + col,       \
-                               row < nk_ ? 16u : 0u);                        \
-            }                                                                \
-        }                                                                    \
-        msv_cp_async_commit();                                               \
-    } while (0)
-
-    s = blockIdx.z;
-    cur = 0;
-    MSV_ATTN_MMA_FETCH(s, 0);
-
-    for ( ;; ) {
-        msv_cp_async_wait_all();
-        __syncwarp();
-        __syncthreads();               /* the last fold has read the
-                                          stages the next fetch fills */
-        sn = s + gridDim.z;
-        if (sn < ns) {
-            MSV_ATTN_MMA_FETCH(sn, cur ^ 1);
-        }
-
-        key0 = s * MSV_ATTN_SPLIT + warp * MSV_KV_BLOCK;
-        st = sm + ((size_t) warp * 2 + cur) * SB;
-        if (key0 < nkeys) {
-            nk = min((uint32_t) MSV_KV_BLOCK, nkeys - key0);
-            kt = st;
-            vt = st + MSV_KV_BLOCK * RS;
-
-            /* scores: keys 8 n + 2 q + {0, 1} of row r, tiles n = 0, 1 */
-#pragma unroll
-            for (i = 0; i < 4; i++) {
-                sc[0][i] = 0.0f;
-                sc[1][i] = 0.0f;
-            }
-#pragma unroll
-            for (ks = 0; ks < HD / 16; ks++) {
-                msv_ldmatrix_x4(fr, kt + ((lane >> 4) * 8 + (lane & 7)) * RS
-                                       + ks * 16 + ((lane >> 3) & 1) * 8);
-                msv_mma_bf16(sc[0], qa[ks], fr[0], fr[1]);
-                msv_mma_bf16(sc[1], qa[ks], fr[2], fr[3]);
-            }
-            x[0] = sc[0][0] + sc[0][2];
-            x[1] = sc[0][1] + sc[0][3];
-            x[2] = sc[1][0] + sc[1][2];
-            x[3] = sc[1][1] + sc[1][3];
-            if (three) {               /* row r + 4, in lane + 16 */
-                x[0] += __shfl_xor_sync(0xffffffffu, sc[0][0], 16);
-                x[1] += __shfl_xor_sync(0xffffffffu, sc[0][1], 16);
-                x[2] += __shfl_xor_sync(0xffffffffu, sc[1][0], 16);
-                x[3] += __shfl_xor_sync(0xffffffffu, sc[1][1], 16);
-            }
-#pragma unroll
-            for (i = 0; i < 4; i++) {
-                x[i] *= a.scale;
-            }
-            if (2 * q >= nk) {
-                x[0] = -INFINITY;
-            }
-            if (2 * q + 1 >= nk) {
-                x[1] = -INFINITY;
-            }
-            if (2 * q + 8 >= nk) {
-                x[2] = -INFINITY;
-            }
-            if (2 * q + 9 >= nk) {
-                x[3] = -INFINITY;
-            }
-            mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-#pragma unroll
-            for (i = 0; i < 4; i++) {
-                msv_split_bf16(expf(x[i] - mx), &x[i], &v[i]);
-            }
-            l = (x[0] + v[0] + (x[1] + v[1]))
-                + (x[2] + v[2] + (x[3] + v[3]));
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            pa[0] = msv_pack_bf16(x[0], x[1]);
-            pa[1] = msv_pack_bf16(v[0], v[1]);
-            pa[2] = msv_pack_bf16(x[2], x[3]);
-            pa[3] = msv_pack_bf16(v[2], v[3]);
-
-            /* values: dimensions 8 n + 2 q + {0, 1} of row r */
-#pragma unroll
-            for (nt = 0; nt < HD / 8; nt++) {
-                o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-            }
-#pragma unroll
-            for (nt = 0; nt < HD / 16; nt++) {
-                msv_ldmatrix_x4_trans(fr, vt + (((lane >> 3) & 1) * 8
-                                                + (lane & 7)) * RS
-                                             + nt * 16 + (lane >> 4) * 8);
-                msv_mma_bf16(o[2 * nt], pa, fr[0], fr[1]);
-                msv_mma_bf16(o[2 * nt + 1], pa, fr[2], fr[3]);
-            }
-
-            /* the page's state, over its own K tile */
-            __syncwarp();
-            sf = (float *) st;
-            stm = sf + MSV_ATTN_MMA_HEADS * RS;
-            stl = stm + MSV_ATTN_MMA_HEADS;
-            if (r < ng) {
-#pragma unroll
-                for (nt = 0; nt < HD / 8; nt++) {
-                    *(float2 *) &sf[r * RS + nt * 8 + 2 * q] =
-                        make_float2(o[nt][0] + o[nt][2], o[nt][1] + o[nt][3]);
-                }
-                if (q == 0) {
-                    stm[r] = mx;
-                    stl[r] = l;
-                }
-            }
-        }
-        __syncthreads();               /* every page's state is written */
-
-        /* the fold's factors, once a head: the split's pages in page
-         * order, then the split into the token's state */
-        np = MSV_CEIL_DIV(min((s + 1) * MSV_ATTN_SPLIT, nkeys)
-                          - s * MSV_ATTN_SPLIT, (uint32_t) MSV_KV_BLOCK);
-        if (tid < ng) {
-            ms = -INFINITY;
-            ls = 0.0f;
-            for (w = 0; w < np; w++) {
-                sf = (float *) (sm + ((size_t) w * 2 + cur) * SB);
-                stm = sf + MSV_ATTN_MMA_HEADS * RS;
-                stl = stm + MSV_ATTN_MMA_HEADS;
-                msv_attn_fold_scale(&ms, &ls, stm[tid], stl[tid],
-                                    &fs[w][0][tid], &fs[w][1][tid]);
-            }
-            if (gridDim.z == 1) {
-                msv_attn_fold_scale(&mt, &lt, ms, ls,
-                                    &fs[MSV_ATTN_MMA_WARPS][0][tid],
-                                    &fs[MSV_ATTN_MMA_WARPS][1][tid]);
-                tl[tid] = lt;
-            } else {
-                wp = (((size_t) t * a.n_heads + h0 + tid) * S + s) * (HD + 2);
-                a.part[wp + HD] = ms;
-                a.part[wp + HD + 1] = ls;
-            }
-        }
-        __syncthreads();               /* the factors are there */
-
-#pragma unroll
-        for (i = 0; i < PER; i++) {
-            e = tid + i * MSV_ATTN_THREADS;
-            if (e >= ng * HD) {
-                continue;
-            }
-            g = e / HD;
-            d = e % HD;
-            as = 0.0f;
-            for (w = 0; w < np; w++) {
-                sf = (float *) (sm + ((size_t) w * 2 + cur) * SB);
-                as = msv_attn_fold_out(as, sf[g * RS + d], fs[w][0][g],
-                                       fs[w][1][g]);
-            }
-            if (gridDim.z == 1) {
-                A[i] = msv_attn_fold_out(A[i], as,
-                                         fs[MSV_ATTN_MMA_WARPS][0][g],
-                                         fs[MSV_ATTN_MMA_WARPS][1][g]);
-            } else {
-                wp = (((size_t) t * a.n_heads + h0 + g) * S + s) * (HD + 2);
-                a.part[wp + d] = as;
-            }
-        }
-
-        if (sn >= ns) {
-            break;
-        }
-        s = sn;
-        cur ^= 1;
-    }
-#undef MSV_ATTN_MMA_FETCH
-
-    if (gridDim.z == 1) {
-#pragma unroll
-        for (i = 0; i < PER; i++) {
-            e = tid + i * MSV_ATTN_THREADS;
-            if (e < ng * HD) {
-                msv_store_act(a.out, a.out_fmt, a.n_tokens, t,
-                              (size_t) a.n_heads * HD,
-                              (size_t) h0 * HD + e, A[i] / tl[e / HD]);
-            }
-        }
-    }
-}
-
 
 /*
  * The tiled prefill form (bf16 KV, head_dim 16, 32, 64 or 128, up to 8
@@ -1429,21 +1102,30 @@ msv_attn_mma_fits(const struct msv_attn_args *a)
 
 
 /*
- * The tensor-core form with one warp a block: the warp walks its token's
- * pages one after another (the next page in flight while this one
- * computes, two stages of K and V in shared memory), keeping the split's
- * softmax state in registers: per page the scores by mma (q as in
- * attention_mma_kernel: hi, remainder and, for at most 4 heads, the
- * remainder's remainder in the mma rows the heads leave idle), the row
- * max over the quad, the running output rescaled by exp(m_old - m_new),
- * the probabilities split hi + remainder into the values' mma, which
- * accumulates into the running output.  At a split's end its state
- * (max, sum, output) is folded into the token's (serial form) or written
- * to the workspace for the merge kernel (parallel form) with the same
- * arithmetic, so the two forms give the same bits.  No block barrier: the
- * warps of an SM run independently, which is what the block form, with
- * three barriers a split, lacked (it issued an instruction every 3 cycles
- * a scheduler at 12 warps an SM).
+ * The decode form on the tensor cores: one warp a block per (token, kv
+ * head), per (token, kv head, split) in the parallel form.  The warp
+ * walks its token's pages one after another, the next page in flight
+ * while this one computes (cp.async of its K and V rows, bf16 as stored,
+ * into two stages of shared memory, rows past the sequence zero-filled),
+ * and keeps the split's softmax state in registers:
+ *   scores:  mma m16n8k16 with the group's q in the rows: row g holds
+ *            bf16(q) of head g, row g + 8 the remainder bf16(q - hi), so
+ *            the sum of the two rows carries q to about 2^-16 relative
+ *            (the rows would be idle otherwise); with at most 4 heads,
+ *            row g + 4 holds the remainder of that, and q is carried to
+ *            fp32 precision; K fragments by ldmatrix;
+ *   softmax: the row max over the quad of lanes that holds a row, the
+ *            running output rescaled by exp(m_old - m_new);
+ *   values:  mma again with the probabilities split the same way (hi in
+ *            row g, remainder in row g + 8), V fragments by
+ *            ldmatrix.trans, accumulating into the running output.
+ * At a split's end its state (max, sum, output) is folded into the
+ * token's (serial form) or written to the workspace for the merge kernel
+ * (parallel form) with the merge kernel's arithmetic, so the two forms
+ * give the same bits.  No block barrier: the warps of an SM run
+ * independently (a block of four warps, one per page of a split, folding
+ * the pages through shared memory with three barriers a split, ran
+ * attention 1.3x slower at batch 256: bench/results/engine.md).
  */
 #define MSV_ATTN_WALK_MINB  12         /* warps (blocks) an SM: shared
                                           memory 12 x 17 KB, and registers */
@@ -1717,31 +1399,18 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
 }
 
 
-/* The tensor-core form of the per-token kernels: one block per (token of
- * a->rest, or of the batch, kv head), per split in the parallel form. */
+/* The tensor-core form of the per-token kernels: one warp a block per
+ * (token of a->rest, or of the batch, kv head), per split in the parallel
+ * form. */
 static cudaError_t
 attention_mma_forward(const struct msv_attn_args *a, uint32_t n_tok,
     uint32_t S, int parallel, cudaStream_t stream)
 {
-    static int   ready[4], walk_ready[4];
+    static int   walk_ready[4];
     dim3         grid;
     size_t       smem;
     int          k;
     cudaError_t  e;
-
-#define MSV_ATTN_MMA(HD, K)                                                  \
-    do {                                                                     \
-        if (!ready[K]) {                                                     \
-            e = cudaFuncSetAttribute(attention_mma_kernel<HD>,               \
-                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);\
-            if (e != cudaSuccess) {                                          \
-                return e;                                                    \
-            }                                                                \
-            ready[K] = 1;                                                    \
-        }                                                                    \
-        attention_mma_kernel<HD><<<grid, MSV_ATTN_THREADS, smem, stream>>>(  \
-            *a, S);                                                          \
-    } while (0)
 
 #define MSV_ATTN_WALK(HD, K)                                                 \
     do {                                                                     \
@@ -1759,41 +1428,21 @@ attention_mma_forward(const struct msv_attn_args *a, uint32_t n_tok,
     grid = dim3(n_tok, a->n_kv_heads, parallel ? S : 1);
     k = a->head_dim == 16 ? 0 : a->head_dim == 32 ? 1
         : a->head_dim == 64 ? 2 : 3;
-    if (a->kernel == MSV_ATTN_KERNEL_WALK) {
-        smem = msv_attn_walk_smem(a->head_dim);
-        switch (k) {
-        case 0:
-            MSV_ATTN_WALK(16, 0);
-            break;
-        case 1:
-            MSV_ATTN_WALK(32, 1);
-            break;
-        case 2:
-            MSV_ATTN_WALK(64, 2);
-            break;
-        default:
-            MSV_ATTN_WALK(128, 3);
-            break;
-        }
-        return cudaGetLastError();
-    }
-
-    smem = msv_attn_mma_smem(a->head_dim);
+    smem = msv_attn_walk_smem(a->head_dim);
     switch (k) {
     case 0:
-        MSV_ATTN_MMA(16, 0);
+        MSV_ATTN_WALK(16, 0);
         break;
     case 1:
-        MSV_ATTN_MMA(32, 1);
+        MSV_ATTN_WALK(32, 1);
         break;
     case 2:
-        MSV_ATTN_MMA(64, 2);
+        MSV_ATTN_WALK(64, 2);
         break;
     default:
-        MSV_ATTN_MMA(128, 3);
+        MSV_ATTN_WALK(128, 3);
         break;
     }
-#undef MSV_ATTN_MMA
 #undef MSV_ATTN_WALK
     return cudaGetLastError();
 }

@@ -30,14 +30,6 @@
 #define MSV_ATTN_SPLIT         64      /* positions per split, a multiple
                                           of MSV_KV_BLOCK */
 
-/* The tensor-core kernel of the per-token tokens (kernel): a warp
- * walking the pages with its state in registers, or a block of four
- * warps, one per page of a split, folding the pages through shared
- * memory; the same result within rounding, each bit-identical in its
- * serial and parallel forms. */
-#define MSV_ATTN_KERNEL_WALK   0
-#define MSV_ATTN_KERNEL_BLOCK  1
-
 /* How attention_forward spreads the splits (mode). */
 #define MSV_ATTN_AUTO      0           /* parallel when it pays and fits */
 #define MSV_ATTN_FOLD      1           /* one block per token, serial */
@@ -80,7 +72,6 @@ struct msv_attn_args {
     const int32_t  *rest;       /* [n_rest]: the tokens of no tile */
     uint32_t        n_rest;
     int             tiled;      /* MSV_ATTN_TILED_AUTO, _OFF, _ON */
-    int             kernel;     /* bf16 KV decode: MSV_ATTN_KERNEL_* */
 };
 
 /* Query tokens of a tile when ratio query heads share a kv head. */

@@ -117,7 +117,6 @@ struct msv_backend {
     struct msv_gemm_inv       inv;     /* its pinned algorithms */
     const struct msv_gemm_inv *pin;    /* &inv when invariant, else NULL */
     int                       attn_mode;  /* MSV_ATTN_AUTO, _FOLD, _PARALLEL */
-    int                       attn_kernel;  /* MSV_ATTN_KERNEL_* */
     int                       tiled;   /* prefill runs by the tiled
                                           attention (not when invariant) */
     cudaStream_t              stream;
@@ -1118,18 +1117,6 @@ msv_cuda_create(const struct msv_model_config *cfg,
         goto failed;
     }
 
-    /* MSV_CUDA_ATTN_KERNEL=walk|block: the bf16-KV decode attention's
-     * kernel (attention.cuh), walk when unset */
-    mode = getenv("MSV_CUDA_ATTN_KERNEL");
-    b->attn_kernel = MSV_ATTN_KERNEL_WALK;
-    if (mode != NULL && strcmp(mode, "block") == 0) {
-        b->attn_kernel = MSV_ATTN_KERNEL_BLOCK;
-    } else if (mode != NULL && mode[0] != '\0' && strcmp(mode, "walk") != 0) {
-        msv_cuda_err(err, errlen, "cuda: MSV_CUDA_ATTN_KERNEL=%s: expected "
-                     "walk or block", mode);
-        goto failed;
-    }
-
     /* MSV_CUDA_ATTN=fold|parallel|auto: the decode attention's form
      * (attention.cuh), auto when unset */
     mode = getenv("MSV_CUDA_ATTN");
@@ -1463,7 +1450,6 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     aa.part = b->part;
     aa.part_floats = b->part_floats;
     aa.mode = b->attn_mode;
-    aa.kernel = b->attn_kernel;
     if (aa.mode == MSV_ATTN_PARALLEL
         && attention_part_floats(n, c->n_heads, c->head_dim, max_ctx)
            > b->part_floats)

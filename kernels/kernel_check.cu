@@ -387,9 +387,7 @@ msv_check_attention(struct msv_check_bufs *bufs, float *out, const float *q,
     a.max_ctx = max_ctx;
     a.part = (float *) dpart;
     a.part_floats = part;
-    a.mode = mode & ~MSV_CHECK_ATTN_BLOCK;
-    a.kernel = (mode & MSV_CHECK_ATTN_BLOCK) != 0 ? MSV_ATTN_KERNEL_BLOCK
-                                                  : MSV_ATTN_KERNEL_WALK;
+    a.mode = mode;
     a.q = (const float *) dq;
     a.q_stride = q_stride;
     a.n_tokens = kv->n_tokens;

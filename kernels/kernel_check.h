@@ -43,9 +43,6 @@ struct msv_check_kv {
 #define MSV_CHECK_ATTN_AUTO      0
 #define MSV_CHECK_ATTN_FOLD      1
 #define MSV_CHECK_ATTN_PARALLEL  2
-/* or'ed into the mode: bf16 KV decode by the block tensor-core kernel
- * (MSV_ATTN_KERNEL_BLOCK), not the walking warp */
-#define MSV_CHECK_ATTN_BLOCK     4
 
 /* out[r] = rmsnorm(x[rows ? rows[r] : r]) as format fmt, read back as
  * fp32 (BF16X2 as hi + lo).  x is [n_in_rows][n]. */

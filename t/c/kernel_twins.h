@@ -511,14 +511,11 @@ check_attention(void)
     uint32_t                       ctx[8], n_new[8], s, k, stride;
     float                         *q, *out, *out2, *ref, *kc, *vc;
     size_t                         nq, nout, cache, i;
-    int                            kb, blk;
+    int                            kb;
 
-    /* each case three times: fp32 KV, bf16 KV by the walking warp, bf16
-     * KV by the block of warps */
-    for (k = 0; k < 3 * sizeof(cases) / sizeof(cases[0]); k++) {
-        c = &cases[k / 3];
-        kb = k % 3 != 0;
-        blk = k % 3 == 2 ? MSV_CHECK_ATTN_BLOCK : 0;
+    for (k = 0; k < 2 * sizeof(cases) / sizeof(cases[0]); k++) {
+        c = &cases[k / 2];
+        kb = k % 2;
         for (s = 0; s < c->n_seqs; s++) {
             ctx[s] = 1 + chk_below(c->max_ctx);
             n_new[s] = 1 + chk_below(ctx[s] < 9 ? ctx[s] : 9);
@@ -562,12 +559,11 @@ check_attention(void)
         m.kv.kv_bf16 = kb;
         if (msv_cuda_run_attention(out, q, stride, c->nh, c->nkv, c->hd,
                                    (float) (1.0 / sqrt(c->hd)), &m.kv,
-                                   MSV_CHECK_ATTN_FOLD | blk,
-                                   MSV_CHECK_TILED_OFF, 0, NULL, err,
-                                   sizeof(err)) != 0
+                                   MSV_CHECK_ATTN_FOLD, MSV_CHECK_TILED_OFF,
+                                   0, NULL, err, sizeof(err)) != 0
             || msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv, c->hd,
                                       (float) (1.0 / sqrt(c->hd)), &m.kv,
-                                      MSV_CHECK_ATTN_PARALLEL | blk,
+                                      MSV_CHECK_ATTN_PARALLEL,
                                       MSV_CHECK_TILED_OFF, 0, NULL, err,
                                       sizeof(err)) != 0)
         {
@@ -576,19 +572,18 @@ check_attention(void)
             /* batch invariance: one block walking the splits and one
              * block per split + merge give the same bits */
             if (memcmp(out, out2, nout * sizeof(float)) != 0) {
-                chk_fail("kernel attention nh=%u nkv=%u hd=%u%s%s: serial "
+                chk_fail("kernel attention nh=%u nkv=%u hd=%u%s: serial "
                          "and split forms differ", c->nh, c->nkv, c->hd,
-                         kb ? " kv-bf16" : "", blk ? " block" : "");
+                         kb ? " kv-bf16" : "");
             }
             twin_attention(ref, q, stride, c->nh, c->nkv, c->hd,
                            (float) (1.0 / sqrt(c->hd)), &m.kv);
             chk_record(chk_rel_rows(out, ref, (size_t) m.kv.n_tokens * c->nh,
                                     c->hd),
                        CHK_TOL_KERNEL, "kernel attention nh=%u nkv=%u hd=%u "
-                       "T=%u%s%s%s%s", c->nh, c->nkv, c->hd, m.kv.n_tokens,
+                       "T=%u%s%s%s", c->nh, c->nkv, c->hd, m.kv.n_tokens,
                        c->qscale > 1.0f ? " peaked" : "",
-                       c->ties ? " ties" : "", kb ? " kv-bf16" : "",
-                       blk ? " block" : "");
+                       c->ties ? " ties" : "", kb ? " kv-bf16" : "");
         }
 
         free(q);
