@@ -9,19 +9,39 @@
 
 #define MSV_ROPE_THREADS  128
 
+/* Where head h (a k or v head) of token t at position p goes in the
+ * cache, or NULL when the step stores no KV. */
+template <typename KV>
+static __device__ __forceinline__ KV *
+msv_rope_kv_dst(const struct msv_qkv_args *a, uint32_t t, uint32_t h, int p,
+    int is_k, uint32_t hd)
+{
+    uint32_t  kvh, slot;
+    size_t    off;
+
+    if (a->kv.k_cache == NULL) {
+        return NULL;
+    }
+    kvh = is_k ? h - a->n_heads : h - a->n_heads - a->n_kv_heads;
+    slot = (uint32_t) p % MSV_KV_BLOCK;
+    off = (size_t) a->kv.pages[a->kv.page_off[a->kv.tok_seq[t]]
+                               + p / MSV_KV_BLOCK];
+    off = ((off * a->n_kv_heads + kvh) * MSV_KV_BLOCK + slot) * hd;
+    return (KV *) (is_k ? a->kv.k_cache : a->kv.v_cache) + off;
+}
+
 template <typename KV>
 static __global__ void
 qkv_rope_kernel(struct msv_qkv_args a)
 {
     extern __shared__ float  s[];      /* [head_dim] */
     __shared__ float         red[33];
-    uint32_t                 h, t, d, hd, half, kvh, slot;
+    uint32_t                 h, t, d, hd, half;
     KV                      *dst;
     float                   *row, x0, x1, y0, y1, ang, sn, cs, ss,
                              scale;
     const float             *nw;
     int                      is_q, is_k, is_v, p;
-    size_t                   off;
 
     t = blockIdx.x;
     h = blockIdx.y;
@@ -55,15 +75,7 @@ qkv_rope_kernel(struct msv_qkv_args a)
 
     p = a.kv.pos[t];
 
-    dst = NULL;
-    if (!is_q && a.kv.k_cache != NULL) {
-        kvh = is_k ? h - a.n_heads : h - a.n_heads - a.n_kv_heads;
-        slot = (uint32_t) p % MSV_KV_BLOCK;
-        off = (size_t) a.kv.pages[a.kv.page_off[a.kv.tok_seq[t]]
-                                  + p / MSV_KV_BLOCK];
-        off = ((off * a.n_kv_heads + kvh) * MSV_KV_BLOCK + slot) * hd;
-        dst = (KV *) (is_k ? a.kv.k_cache : a.kv.v_cache) + off;
-    }
+    dst = is_q ? NULL : msv_rope_kv_dst<KV>(&a, t, h, p, is_k, hd);
 
     if (is_v) {
         for (d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -108,12 +120,11 @@ template <typename KV, int NP>
 static __global__ void __launch_bounds__(MSV_ROPE_WARPS * 32)
 qkv_rope_warp_kernel(struct msv_qkv_args a)
 {
-    uint32_t      h, t, hd, lane, kvh, slot, d;
+    uint32_t      h, t, hd, lane, d;
     KV           *dst;
     float        *row, v[NP], ss, scale, ang, sn, cs, x0, x1;
     const float  *nw;
     int           is_q, is_k, p, i;
-    size_t        off;
 
     t = blockIdx.x;
     h = blockIdx.y * MSV_ROPE_WARPS + (threadIdx.x >> 5);
@@ -150,15 +161,7 @@ qkv_rope_warp_kernel(struct msv_qkv_args a)
 
     p = a.kv.pos[t];
 
-    dst = NULL;
-    if (!is_q && a.kv.k_cache != NULL) {
-        kvh = is_k ? h - a.n_heads : h - a.n_heads - a.n_kv_heads;
-        slot = (uint32_t) p % MSV_KV_BLOCK;
-        off = (size_t) a.kv.pages[a.kv.page_off[a.kv.tok_seq[t]]
-                                  + p / MSV_KV_BLOCK];
-        off = ((off * a.n_kv_heads + kvh) * MSV_KV_BLOCK + slot) * hd;
-        dst = (KV *) (is_k ? a.kv.k_cache : a.kv.v_cache) + off;
-    }
+    dst = is_q ? NULL : msv_rope_kv_dst<KV>(&a, t, h, p, is_k, hd);
 
     if (is_q || is_k) {
         /* as the kernel above: cos/sin of the fp32 product position *
