@@ -29,6 +29,27 @@
  *               ngx_writev does, to a loopback TCP socket that a child
  *               process drains: the kernel's share (system time)
  *
+ * Then the JSON writer's rates by row size (L = 20, 1000 and 8192), the
+ * module's against the number writers' alone, in the same run:
+ *
+ *   alone       msv_json_ids and msv_json_f32s over about 64k items of
+ *               rows into one buffer reused for every pass (what
+ *               bench/json_bench measures: output and rows stay in cache)
+ *   module      whole non-streaming bodies of 512 rows through the
+ *               module's writer, its rates from its own counters
+ *               (ngx_http_maskserve_output_take: the time it measures
+ *               around each row's arrays, what GET /metrics reports), and
+ *               the page faults the process took per MB of body; the
+ *               body's memory is the memory of the bodies before it
+ *   new memory  the same, one body in a child process each time: every
+ *               page the body is written to is new to the process (never
+ *               touched, or the parent's, copied on the first write), as
+ *               in an nginx worker whose bodies outgrow what it kept of
+ *               earlier ones
+ *
+ * The rows of each size are checked first as the stages' are (the
+ * module's body and stream, and the writers' own arrays, parsed back).
+ *
  * Times are the thread's CPU time (CLOCK_THREAD_CPUTIME_ID; send: the
  * thread's user + system time), so that other load on the machine counts
  * little; each figure is the median of `repeats` (default 5) measurements
@@ -811,6 +832,318 @@ time_send(bench_rows_t *rs, int packed, double seconds, int repeats,
 }
 
 
+/* ------------------------------------------------------------------ */
+/* the JSON writer's rates, inside the module and alone                 */
+
+static const uint32_t  rate_sizes[] = { 20, 1000, 8192 };
+#define N_RATE_SIZES  (sizeof(rate_sizes) / sizeof(rate_sizes[0]))
+
+typedef struct {
+    double  ids;                    /* M/s */
+    double  f32;
+} bench_rate_t;
+
+
+static int
+cmp_rate_ids(const void *a, const void *b)
+{
+    return cmp_double(&((const bench_rate_t *) a)->ids,
+                      &((const bench_rate_t *) b)->ids);
+}
+
+
+static int
+cmp_rate_f32(const void *a, const void *b)
+{
+    return cmp_double(&((const bench_rate_t *) a)->f32,
+                      &((const bench_rate_t *) b)->f32);
+}
+
+
+/* the medians of each rate over the repeats */
+
+static bench_rate_t
+rate_median(bench_rate_t *r, int repeats)
+{
+    bench_rate_t  m;
+
+    qsort(r, repeats, sizeof(bench_rate_t), cmp_rate_ids);
+    m.ids = r[repeats / 2].ids;
+    qsort(r, repeats, sizeof(bench_rate_t), cmp_rate_f32);
+    m.f32 = r[repeats / 2].f32;
+
+    return m;
+}
+
+
+/* What the writers alone write for the first rows, parsed back. */
+
+static void
+check_alone(bench_rows_t *rs, uint32_t rows)
+{
+    int        f32;
+    char      *p;
+    uint32_t   i;
+
+    for (f32 = 0; f32 < 2; f32++) {
+        p = (char *) ngx_cpymem(rs->flat, "\"a\":[", 5);
+        for (i = 0; i < rows; i++) {
+            p = f32 ? msv_json_f32s(p, msv_row_lps(rs->row[i]), rs->len)
+                    : msv_json_ids(p, msv_row_ids(rs->row[i]), rs->len);
+            *p++ = ',';
+        }
+        p[-1] = ']';
+        *p = '\0';
+
+        if (!check_json_array(rs, rs->flat, "a", f32, 0, rows)) {
+            fprintf(stderr, "packed_bench: L=%u: the %s written alone do "
+                    "not match the rows\n", rs->len, f32 ? "logprobs" : "ids");
+            exit(1);
+        }
+    }
+}
+
+
+/* The number writers alone: about 64k items a pass into a reused buffer. */
+
+static bench_rate_t
+rate_alone(bench_rows_t *rs, double seconds, int repeats)
+{
+    int            k, f32;
+    char          *p;
+    long           n;
+    double         t0, t, rate;
+    uint32_t       i, rows;
+    bench_rate_t   r[MAX_REPEATS];
+
+    rows = 65536 / rs->len;
+    rows = rows < 1 ? 1 : rows > N_ROWS ? N_ROWS : rows;
+
+    check_alone(rs, rows);
+
+    for (k = 0; k < repeats; k++) {
+        for (f32 = 0; f32 < 2; f32++) {
+            n = 0;
+            t0 = thread_cpu();
+
+            do {
+                p = rs->flat;
+                for (i = 0; i < rows; i++) {
+                    p = f32 ? msv_json_f32s(p, msv_row_lps(rs->row[i]),
+                                            rs->len)
+                            : msv_json_ids(p, msv_row_ids(rs->row[i]),
+                                           rs->len);
+                    *p++ = ',';
+                }
+                n += rows;
+                t = thread_cpu() - t0;
+            } while (t < seconds);
+
+            rate = (double) n * rs->len / t * 1e-6;
+            if (f32) {
+                r[k].f32 = rate;
+            } else {
+                r[k].ids = rate;
+            }
+        }
+    }
+
+    return rate_median(r, repeats);
+}
+
+
+/*
+ * The module's writer, whole bodies, rated by its own counters; *faults:
+ * the minor page faults of the process per MB of body, over all repeats.
+ */
+
+static bench_rate_t
+rate_module(bench_rows_t *rs, double seconds, int repeats, double *faults)
+{
+    int                              k;
+    long                             n;
+    double                           t0, bytes;
+    struct rusage                    u0, u1;
+    bench_rate_t                     r[MAX_REPEATS];
+    bench_resp_t                     rp;
+    ngx_http_maskserve_fmt_count_t   c[NGX_HTTP_MASKSERVE_FMT_N], sum;
+
+    /* warm-up, and what earlier stages left in the counters */
+    resp_write(rs, &rp, 0);
+    msv_shim_pool_free(rp.pool);
+    (void) ngx_http_maskserve_output_take(NULL);
+
+    bytes = 0;
+    getrusage(RUSAGE_SELF, &u0);
+
+    for (k = 0; k < repeats; k++) {
+        memset(&sum, 0, sizeof(sum));
+        n = 0;
+        t0 = thread_cpu();
+
+        do {
+            resp_write(rs, &rp, 0);
+            bytes += (double) rp.len;
+            msv_shim_pool_free(rp.pool);
+
+            if (!ngx_http_maskserve_output_take(c)) {
+                fprintf(stderr, "packed_bench: the module counted "
+                        "nothing\n");
+                exit(1);
+            }
+
+            sum.ids += c[NGX_HTTP_MASKSERVE_FMT_JSON].ids;
+            sum.floats += c[NGX_HTTP_MASKSERVE_FMT_JSON].floats;
+            sum.ids_ns += c[NGX_HTTP_MASKSERVE_FMT_JSON].ids_ns;
+            sum.floats_ns += c[NGX_HTTP_MASKSERVE_FMT_JSON].floats_ns;
+            n++;
+        } while (thread_cpu() - t0 < seconds);
+
+        if (sum.ids != (uint64_t) n * N_ROWS * rs->len
+            || sum.floats != sum.ids || sum.ids_ns == 0
+            || sum.floats_ns == 0)
+        {
+            fprintf(stderr, "packed_bench: L=%u: the module counted %llu "
+                    "ids and %llu floats for %ld bodies\n", rs->len,
+                    (unsigned long long) sum.ids,
+                    (unsigned long long) sum.floats, n);
+            exit(1);
+        }
+
+        r[k].ids = (double) sum.ids / (double) sum.ids_ns * 1e3;
+        r[k].f32 = (double) sum.floats / (double) sum.floats_ns * 1e3;
+    }
+
+    getrusage(RUSAGE_SELF, &u1);
+    *faults = (double) (u1.ru_minflt - u0.ru_minflt) / (bytes / 1e6);
+
+    return rate_median(r, repeats);
+}
+
+
+/* One body in a child each time: the module's rates with new memory. */
+
+static bench_rate_t
+rate_module_new(bench_rows_t *rs, int repeats, double *faults)
+{
+    int                              k, fd[2], status;
+    pid_t                            pid;
+    double                           f[MAX_REPEATS];
+    struct rusage                    u0, u1;
+    bench_rate_t                     r[MAX_REPEATS];
+    bench_resp_t                     rp;
+    ngx_http_maskserve_fmt_count_t   c[NGX_HTTP_MASKSERVE_FMT_N];
+
+    struct {
+        bench_rate_t                 rate;
+        double                       faults;
+    } out;
+
+    (void) ngx_http_maskserve_output_take(NULL);
+
+    for (k = 0; k < repeats; k++) {
+        if (pipe(fd) != 0) {
+            perror("packed_bench: pipe");
+            exit(1);
+        }
+
+        pid = fork();
+        if (pid < 0) {
+            perror("packed_bench: fork");
+            exit(1);
+        }
+
+        if (pid == 0) {
+            close(fd[0]);
+            getrusage(RUSAGE_SELF, &u0);
+            resp_write(rs, &rp, 0);
+            getrusage(RUSAGE_SELF, &u1);
+
+            if (!ngx_http_maskserve_output_take(c)
+                || c[NGX_HTTP_MASKSERVE_FMT_JSON].ids
+                   != (uint64_t) N_ROWS * rs->len
+                || c[NGX_HTTP_MASKSERVE_FMT_JSON].ids_ns == 0
+                || c[NGX_HTTP_MASKSERVE_FMT_JSON].floats_ns == 0)
+            {
+                _exit(1);
+            }
+
+            out.rate.ids = (double) c[NGX_HTTP_MASKSERVE_FMT_JSON].ids
+                           / (double) c[NGX_HTTP_MASKSERVE_FMT_JSON].ids_ns
+                           * 1e3;
+            out.rate.f32 = (double) c[NGX_HTTP_MASKSERVE_FMT_JSON].floats
+                           / (double) c[NGX_HTTP_MASKSERVE_FMT_JSON].floats_ns
+                           * 1e3;
+            out.faults = (double) (u1.ru_minflt - u0.ru_minflt)
+                         / ((double) rp.len / 1e6);
+
+            _exit(write(fd[1], &out, sizeof(out)) == sizeof(out) ? 0 : 1);
+        }
+
+        close(fd[1]);
+
+        if (read(fd[0], &out, sizeof(out)) != sizeof(out)
+            || waitpid(pid, &status, 0) != pid
+            || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        {
+            fprintf(stderr, "packed_bench: L=%u: the child writing a body "
+                    "failed\n", rs->len);
+            exit(1);
+        }
+
+        close(fd[0]);
+        r[k] = out.rate;
+        f[k] = out.faults;
+    }
+
+    qsort(f, repeats, sizeof(double), cmp_double);
+    *faults = f[repeats / 2];
+
+    return rate_median(r, repeats);
+}
+
+
+static void
+rates_table(double seconds, int repeats)
+{
+    double         faults, faults_new;
+    uint32_t       i;
+    bench_rows_t   rs;
+    bench_rate_t   alone, mod, mod_new;
+
+    printf("\nThe JSON writer inside the module (its own counters) and "
+           "alone (warm buffer), M items/s, median of %d x %.2f s\n\n",
+           repeats, seconds);
+    printf("| row L | ids alone | ids module | / alone | ids module, "
+           "new memory | / alone | f32 alone | f32 module | / alone | "
+           "f32 module, new memory | / alone | page faults per MB of body, "
+           "module, new memory |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+           "---:|\n");
+
+    for (i = 0; i < N_RATE_SIZES; i++) {
+        rows_make(&rs, rate_sizes[i]);
+        check_module(&rs, 0);
+
+        /* side by side: the module's, then the writers alone */
+        mod = rate_module(&rs, seconds, repeats, &faults);
+        mod_new = rate_module_new(&rs, repeats, &faults_new);
+        alone = rate_alone(&rs, seconds, repeats);
+
+        printf("| %u | %.1f | %.1f | %.2f | %.1f | %.2f | %.1f | %.1f | "
+               "%.2f | %.1f | %.2f | %.1f, %.1f |\n", rs.len, alone.ids,
+               mod.ids, mod.ids / alone.ids, mod_new.ids,
+               mod_new.ids / alone.ids, alone.f32, mod.f32,
+               mod.f32 / alone.f32, mod_new.f32, mod_new.f32 / alone.f32,
+               faults, faults_new);
+
+        free(rs.ring);
+        free(rs.flat);
+        free(rs.scratch);
+    }
+}
+
+
 static const bench_stage_t  stages[] = {
     { "copy", stage_copy, 0 },
     { "b64", stage_b64, 1 },
@@ -894,6 +1227,8 @@ main(int argc, char **argv)
                (ms[i][5] + ms[i][N_STAGES + 1])
                / (ms[i][4] + ms[i][N_STAGES]), ms[i][7] / ms[i][6]);
     }
+
+    rates_table(seconds, repeats);
 
     close(send_fd);
     wait(NULL);
