@@ -15,6 +15,17 @@
  *   b64         msv_b64_put alone, from the rows into one flat buffer per
  *               array (lengths, ids, logprobs), as the module feeds it;
  *               b64-portable the same without the vector path
+ *   b64-clock   b64 with CLOCK_MONOTONIC read three times a row, as the
+ *               module's formatting counters do
+ *   evict       a pass over 64 MB of other memory, which leaves neither
+ *               the rows nor the output in the CPU's caches
+ *   b64-cold    evict, then b64: rows and output come from memory, as in
+ *               nginx when the worker wrote the rows on another core and
+ *               the output buffers were last touched many bodies ago
+ *               (subtract evict for the encoding's share)
+ *   b64-fresh   b64 into pages just mapped: every output page faults in,
+ *               as a body's buffers do when malloc takes them anew from
+ *               the kernel (the unmapping included)
  *   json        msv_json_ids + msv_json_f32s alone, into a flat buffer
  *   module-*    the module's own writer (ngx_http_maskserve_output.c,
  *               compiled unchanged): ngx_http_maskserve_output_row for
@@ -79,6 +90,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -109,6 +121,9 @@ typedef struct {
     size_t              flat_size;
     u_char             *scratch;    /* copy's destination */
 } bench_rows_t;
+
+#define EVICT_BYTES  (64u << 20)
+static u_char   *evict_mem;
 
 typedef struct {
     ngx_pool_t                     *pool;
@@ -265,16 +280,30 @@ stage_copy(bench_rows_t *rs, int packed)
 }
 
 
+static uint64_t
+mono_ns(void)
+{
+    struct timespec  ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+
+static volatile uint64_t  clock_sink;
+
+/* the three strings side by side from out; clocks: read as the module */
+
 static size_t
-stage_b64(bench_rows_t *rs, int packed)
+b64_rows(bench_rows_t *rs, char *out, int clocks)
 {
     char       *l, *d, *v, *l0, *d0, *v0;
     int32_t     n;
     uint32_t    i;
+    uint64_t    t;
     msv_b64_t   sl, sd, sv;
 
-    /* three strings side by side in the flat buffer */
-    l0 = l = rs->flat;
+    l0 = l = out;
     d0 = d = l0 + msv_b64_len(4 * N_ROWS) + 64;
     v0 = v = d0 + msv_b64_len(rs->data / 2) + 64;
 
@@ -282,18 +311,91 @@ stage_b64(bench_rows_t *rs, int packed)
     msv_b64_init(&sd);
     msv_b64_init(&sv);
 
+    t = 0;
+
     for (i = 0; i < N_ROWS; i++) {
         n = (int32_t) rs->row[i]->n_support;
+        if (clocks) {
+            t += mono_ns();
+        }
         l = msv_b64_put(&sl, l, &n, 4);
         d = msv_b64_put(&sd, d, msv_row_ids(rs->row[i]), 4 * (size_t) n);
+        if (clocks) {
+            t += mono_ns();
+        }
         v = msv_b64_put(&sv, v, msv_row_lps(rs->row[i]), 4 * (size_t) n);
+        if (clocks) {
+            t += mono_ns();
+        }
     }
+
+    clock_sink += t;
 
     l = msv_b64_end(&sl, l);
     d = msv_b64_end(&sd, d);
     v = msv_b64_end(&sv, v);
 
     return (l - l0) + (d - d0) + (v - v0);
+}
+
+
+static size_t
+stage_b64(bench_rows_t *rs, int packed)
+{
+    return b64_rows(rs, rs->flat, 0);
+}
+
+
+static size_t
+stage_b64_clock(bench_rows_t *rs, int packed)
+{
+    return b64_rows(rs, rs->flat, 1);
+}
+
+
+static size_t
+stage_evict(bench_rows_t *rs, int packed)
+{
+    size_t     i;
+    uint64_t  *m;
+
+    /* read and write every line: the caches end up holding only this */
+    m = (uint64_t *) evict_mem;
+    for (i = 0; i < EVICT_BYTES / 8; i += 8) {
+        m[i]++;
+    }
+
+    return EVICT_BYTES;
+}
+
+
+static size_t
+stage_b64_cold(bench_rows_t *rs, int packed)
+{
+    (void) stage_evict(rs, packed);
+
+    return b64_rows(rs, rs->flat, 0);
+}
+
+
+static size_t
+stage_b64_fresh(bench_rows_t *rs, int packed)
+{
+    char    *out;
+    size_t   n;
+
+    out = mmap(NULL, rs->flat_size, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (out == MAP_FAILED) {
+        perror("packed_bench: mmap");
+        exit(1);
+    }
+
+    n = b64_rows(rs, out, 0);
+
+    munmap(out, rs->flat_size);
+
+    return n;
 }
 
 
@@ -1149,6 +1251,10 @@ static const bench_stage_t  stages[] = {
     { "b64", stage_b64, 1 },
     { "json", stage_json, 0 },
     { "b64-portable", stage_b64_portable, 1 },
+    { "b64-clock", stage_b64_clock, 1 },
+    { "evict", stage_evict, 1 },
+    { "b64-cold", stage_b64_cold, 1 },
+    { "b64-fresh", stage_b64_fresh, 1 },
     { "module-packed", stage_module, 1 },
     { "module-json", stage_module, 0 },
     { "stream-packed", stage_stream, 1 },
@@ -1157,10 +1263,27 @@ static const bench_stage_t  stages[] = {
 #define N_STAGES  (sizeof(stages) / sizeof(stages[0]))
 
 
+static uint32_t
+stage_index(const char *name)
+{
+    uint32_t  k;
+
+    for (k = 0; k < N_STAGES; k++) {
+        if (strcmp(stages[k].name, name) == 0) {
+            return k;
+        }
+    }
+
+    fprintf(stderr, "packed_bench: no stage \"%s\"\n", name);
+    exit(1);
+}
+
+
 int
 main(int argc, char **argv)
 {
     int            repeats, p;
+    uint32_t       mp, mj, sp, sj;
     size_t         bytes[N_SIZES][N_STAGES + 2];
     double         seconds, ms[N_SIZES][N_STAGES + 2];
     uint32_t       i, k;
@@ -1176,6 +1299,13 @@ main(int argc, char **argv)
     }
 
     send_open();
+
+    evict_mem = malloc(EVICT_BYTES);
+    if (evict_mem == NULL) {
+        fprintf(stderr, "packed_bench: out of memory\n");
+        return 1;
+    }
+    memset(evict_mem, 1, EVICT_BYTES);
 
     for (i = 0; i < N_SIZES; i++) {
         rows_make(&rs[i], row_sizes[i]);
@@ -1221,11 +1351,16 @@ main(int argc, char **argv)
         printf("\n");
     }
 
+    mp = stage_index("module-packed");
+    mj = stage_index("module-json");
+    sp = stage_index("stream-packed");
+    sj = stage_index("stream-json");
+
     for (i = 0; i < N_SIZES; i++) {
         printf("\nL=%u: body (module + send), JSON / packed: %.2fx; "
                "stream (module), JSON / packed: %.2fx\n", row_sizes[i],
-               (ms[i][5] + ms[i][N_STAGES + 1])
-               / (ms[i][4] + ms[i][N_STAGES]), ms[i][7] / ms[i][6]);
+               (ms[i][mj] + ms[i][N_STAGES + 1])
+               / (ms[i][mp] + ms[i][N_STAGES]), ms[i][sj] / ms[i][sp]);
     }
 
     rates_table(seconds, repeats);
