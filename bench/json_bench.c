@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "msv_json.h"
+#include "mix.h"
 
 
 #define VOCAB        151936
@@ -57,12 +58,7 @@ static uint64_t  rng_state = 0x6a736f6e62656e63ULL;
 static uint64_t
 rng_next(void)
 {
-    uint64_t  z;
-
-    z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return msv_splitmix64(&rng_state);
 }
 
 

@@ -102,6 +102,7 @@
 #include "ngx_http_maskserve_module.h"
 #include "ngx_http_maskserve_output.h"
 #include "ngx_shim.h"
+#include "mix.h"
 
 
 #define VOCAB        151936
@@ -147,12 +148,7 @@ static int       send_fd = -1;
 static uint64_t
 rng_next(void)
 {
-    uint64_t  z;
-
-    z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return msv_splitmix64(&rng_state);
 }
 
 

@@ -22,6 +22,7 @@
 
 #include "sampler.h"
 #include "../t/c/sampler_ref.h"
+#include "mix.h"
 
 
 #define B_VOCAB     151936
@@ -33,11 +34,7 @@ static uint64_t  b_rng = 0x5eed;
 static double
 b_unif(void)
 {
-    uint64_t  z = (b_rng += 0x9e3779b97f4a7c15ull);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (double) ((z ^ (z >> 31)) >> 11) * 0x1p-53;
+    return (double) (msv_splitmix64(&b_rng) >> 11) * 0x1p-53;
 }
 
 /* Round to the nearest bf16 (ties to even). */

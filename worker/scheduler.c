@@ -30,18 +30,8 @@
 #include "../shm/msv_ring.h"
 #include "../shm/msv_slots.h"
 #include "log.h"
+#include "mix.h"
 #include "scheduler.h"
-
-
-static uint64_t
-msv_splitmix64(uint64_t *x)
-{
-    uint64_t  z = (*x += 0x9e3779b97f4a7c15ULL);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
 
 
 /* Move a slot between states, keeping its owner pid.  0 if it moved. */

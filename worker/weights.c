@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "mix.h"
 #include "model.h"
 #include "safetensors.h"
 
@@ -57,7 +58,6 @@ static int msv_weights_unique(struct msv_weights *w, char *err,
     size_t errlen);
 static void *msv_fill_thread(void *arg);
 static void msv_fill_chunk(struct msv_fill *f, int ti, size_t chunk);
-static uint64_t msv_mix64(uint64_t x);
 static uint64_t msv_fnv1a(const char *s);
 static const char *msv_tensor_file(const struct msv_weights *w,
     const struct msv_tensor *t);
@@ -760,20 +760,6 @@ msv_tensor_file(const struct msv_weights *w, const struct msv_tensor *t)
     }
 
     return w->source;
-}
-
-
-/* splitmix64's finaliser */
-
-static uint64_t
-msv_mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
 }
 
 

@@ -25,6 +25,7 @@
 #include <yajl/yajl_parse.h>
 
 #include "load.h"
+#include "mix.h"
 #include "http.h"
 #include "resp.h"
 
@@ -168,17 +169,6 @@ msv_req_max_tokens(const msv_load_opts_t *o, long idx)
 }
 
 
-static uint64_t
-msv_mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-
 /* The body of request `idx`: the same prompt and seed in every mode. */
 
 static void
@@ -196,10 +186,10 @@ msv_build_request(msv_load_t *L, msv_conn_t *c, int mode)
     }
     msv_bytes_add(&body, "{\"token_ids\":[", 14);
     /* a group of requests shares the prompt; each has its own seed */
-    r = msv_mix(o->seed ^ ((uint64_t) (c->idx / o->group)
+    r = msv_mix64(o->seed ^ ((uint64_t) (c->idx / o->group)
                            * 0x9e3779b97f4a7c15ULL));
     for (i = 0; i < o->prompt_len; i++) {
-        r = msv_mix(r + (uint64_t) i + 1);
+        r = msv_mix64(r + (uint64_t) i + 1);
         n = snprintf(num, sizeof(num), "%s%ld", i ? "," : "",
                      (long) (1 + r % (uint64_t) (o->vocab - 1)));
         msv_bytes_add(&body, num, (size_t) n);

@@ -31,6 +31,7 @@
 #include "msv_region.h"
 #include "msv_ring.h"
 #include "msv_slots.h"
+#include "mix.h"
 
 
 /* ------------------------------------------------------------------ */
@@ -39,11 +40,7 @@
 static inline uint64_t
 hx_mix(uint64_t a, uint64_t b)
 {
-    uint64_t  z = a * 0x9e3779b97f4a7c15ULL + b + 0x632be59bd9b4e019ULL;
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return msv_mix64(a * 0x9e3779b97f4a7c15ULL + b + 0x632be59bd9b4e019ULL);
 }
 
 

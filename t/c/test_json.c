@@ -29,6 +29,7 @@
 
 #include "tap.h"
 #include "msv_json.h"
+#include "mix.h"
 
 
 #define CANARY       0x5a
@@ -40,13 +41,7 @@ static uint64_t  rng_state;
 static uint64_t
 rng_next(void)
 {
-    uint64_t  z;
-
-    /* splitmix64 */
-    z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return msv_splitmix64(&rng_state);
 }
 
 

@@ -23,6 +23,7 @@
 #include "tap.h"
 #include "msv_params.h"
 #include "sampler.h"
+#include "mix.h"
 
 
 static uint64_t  rng_state = 0x5eed;
@@ -30,11 +31,7 @@ static uint64_t  rng_state = 0x5eed;
 static uint64_t
 rng_next(void)
 {
-    uint64_t  z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return msv_splitmix64(&rng_state);
 }
 
 static double
