@@ -1399,6 +1399,39 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
 }
 
 
+/* A tensor-core kernel of one head_dim (msv_attn_hd_index). */
+typedef void (*msv_attn_kernel_t)(struct msv_attn_args a, uint32_t S);
+
+/* 0, 1, 2, 3 for head_dim 16, 32, 64, 128 (msv_attn_mma_fits). */
+static int
+msv_attn_hd_index(uint32_t head_dim)
+{
+    return head_dim == 16 ? 0 : head_dim == 32 ? 1 : head_dim == 64 ? 2 : 3;
+}
+
+/* kern<<<grid, threads, smem>>>(*a, S), its dynamic shared memory limit
+ * raised to smem at the first launch (*ready). */
+static cudaError_t
+msv_attn_launch(msv_attn_kernel_t kern, int *ready, dim3 grid,
+    unsigned threads, size_t smem, const struct msv_attn_args *a,
+    uint32_t S, cudaStream_t stream)
+{
+    cudaError_t  e;
+
+    if (!*ready) {
+        e = cudaFuncSetAttribute((const void *) kern,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int) smem);
+        if (e != cudaSuccess) {
+            return e;
+        }
+        *ready = 1;
+    }
+    kern<<<grid, threads, smem, stream>>>(*a, S);
+    return cudaGetLastError();
+}
+
+
 /* The tensor-core form of the per-token kernels: one warp a block per
  * (token of a->rest, or of the batch, kv head), per split in the parallel
  * form. */
@@ -1406,45 +1439,17 @@ static cudaError_t
 attention_mma_forward(const struct msv_attn_args *a, uint32_t n_tok,
     uint32_t S, int parallel, cudaStream_t stream)
 {
-    static int   walk_ready[4];
-    dim3         grid;
-    size_t       smem;
-    int          k;
-    cudaError_t  e;
+    static const msv_attn_kernel_t  kern[4] = {
+        attention_walk_kernel<16>, attention_walk_kernel<32>,
+        attention_walk_kernel<64>, attention_walk_kernel<128>
+    };
+    static int                      ready[4];
+    int                             k;
 
-#define MSV_ATTN_WALK(HD, K)                                                 \
-    do {                                                                     \
-        if (!walk_ready[K]) {                                                \
-            e = cudaFuncSetAttribute(attention_walk_kernel<HD>,              \
-                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);\
-            if (e != cudaSuccess) {                                          \
-                return e;                                                    \
-            }                                                                \
-            walk_ready[K] = 1;                                               \
-        }                                                                    \
-        attention_walk_kernel<HD><<<grid, 32, smem, stream>>>(*a, S);        \
-    } while (0)
-
-    grid = dim3(n_tok, a->n_kv_heads, parallel ? S : 1);
-    k = a->head_dim == 16 ? 0 : a->head_dim == 32 ? 1
-        : a->head_dim == 64 ? 2 : 3;
-    smem = msv_attn_walk_smem(a->head_dim);
-    switch (k) {
-    case 0:
-        MSV_ATTN_WALK(16, 0);
-        break;
-    case 1:
-        MSV_ATTN_WALK(32, 1);
-        break;
-    case 2:
-        MSV_ATTN_WALK(64, 2);
-        break;
-    default:
-        MSV_ATTN_WALK(128, 3);
-        break;
-    }
-#undef MSV_ATTN_WALK
-    return cudaGetLastError();
+    k = msv_attn_hd_index(a->head_dim);
+    return msv_attn_launch(kern[k], &ready[k],
+                           dim3(n_tok, a->n_kv_heads, parallel ? S : 1), 32,
+                           msv_attn_walk_smem(a->head_dim), a, S, stream);
 }
 
 
@@ -1454,46 +1459,18 @@ static cudaError_t
 attention_tile_forward(const struct msv_attn_args *a, uint32_t S,
     int parallel, cudaStream_t stream)
 {
-    static int   ready[4];
-    dim3         grid;
-    size_t       smem;
-    int          k;
-    cudaError_t  e;
+    static const msv_attn_kernel_t  kern[4] = {
+        attention_tile_kernel<16>, attention_tile_kernel<32>,
+        attention_tile_kernel<64>, attention_tile_kernel<128>
+    };
+    static int                      ready[4];
+    int                             k;
 
-#define MSV_ATTN_TILE(HD, K)                                                 \
-    do {                                                                     \
-        if (!ready[K]) {                                                     \
-            e = cudaFuncSetAttribute(attention_tile_kernel<HD>,              \
-                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);\
-            if (e != cudaSuccess) {                                          \
-                return e;                                                    \
-            }                                                                \
-            ready[K] = 1;                                                    \
-        }                                                                    \
-        attention_tile_kernel<HD><<<grid, MSV_ATTN_THREADS, smem, stream>>>( \
-            *a, S);                                                          \
-    } while (0)
-
-    grid = dim3(a->n_tiles, a->n_kv_heads, parallel ? S : 1);
-    smem = msv_attn_tile_smem(a->head_dim);
-    k = a->head_dim == 16 ? 0 : a->head_dim == 32 ? 1
-        : a->head_dim == 64 ? 2 : 3;
-    switch (k) {
-    case 0:
-        MSV_ATTN_TILE(16, 0);
-        break;
-    case 1:
-        MSV_ATTN_TILE(32, 1);
-        break;
-    case 2:
-        MSV_ATTN_TILE(64, 2);
-        break;
-    default:
-        MSV_ATTN_TILE(128, 3);
-        break;
-    }
-#undef MSV_ATTN_TILE
-    return cudaGetLastError();
+    k = msv_attn_hd_index(a->head_dim);
+    return msv_attn_launch(kern[k], &ready[k],
+                           dim3(a->n_tiles, a->n_kv_heads, parallel ? S : 1),
+                           MSV_ATTN_THREADS, msv_attn_tile_smem(a->head_dim),
+                           a, S, stream);
 }
 
 
