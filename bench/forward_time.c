@@ -127,6 +127,33 @@ cmp_double(const void *a, const void *b)
 }
 
 
+/* One forward of the n sequences seq with n_new[i] tokens from pos0[i]
+ * (tokens tok) into logits, poisoned first; its wall time in ms, or -1
+ * with err set. */
+static double
+bench_forward(const struct msv_backend_ops *ops, struct msv_backend *b,
+    uint32_t n, uint32_t *seq, uint32_t *n_new, uint32_t *pos0,
+    int32_t *tok, float *logits, uint32_t vocab, char *err, size_t errlen)
+{
+    struct msv_batch  bt;
+    double            t0;
+
+    memset(&bt, 0, sizeof(bt));
+    bt.n_seqs = n;
+    bt.seq = seq;
+    bt.n_new = n_new;
+    bt.pos0 = pos0;
+    bt.tokens = tok;
+
+    poison(logits, (size_t) n * vocab);
+    t0 = now_s();
+    if (msv_kvd_forward(ops, b, &bt, logits, err, errlen) != 0) {
+        return -1.0;
+    }
+    return (now_s() - t0) * 1e3;
+}
+
+
 /* Step times (ms) of decode batches of n over sequences 0..n-1: median,
  * fastest, slowest. */
 static int
@@ -134,11 +161,10 @@ bench_decode(const struct msv_backend_ops *ops, struct msv_backend *b,
     uint32_t vocab, uint32_t n, uint32_t *len, float *logits, double *ms,
     double *lo, double *hi)
 {
-    struct msv_batch  bt;
     char              err[512];
     uint32_t          seq[BENCH_SEQS], n_new[BENCH_SEQS], pos0[BENCH_SEQS];
     int32_t           tok[BENCH_SEQS];
-    double            t[BENCH_STEPS], t0;
+    double            t[BENCH_STEPS], step_ms;
     size_t            i;
     int               step;
 
@@ -153,21 +179,14 @@ bench_decode(const struct msv_backend_ops *ops, struct msv_backend *b,
                 return -1;
             }
         }
-        memset(&bt, 0, sizeof(bt));
-        bt.n_seqs = n;
-        bt.seq = seq;
-        bt.n_new = n_new;
-        bt.pos0 = pos0;
-        bt.tokens = tok;
-
-        poison(logits, (size_t) n * vocab);
-        t0 = now_s();
-        if (msv_kvd_forward(ops, b, &bt, logits, err, sizeof(err)) != 0) {
+        step_ms = bench_forward(ops, b, n, seq, n_new, pos0, tok, logits,
+                                vocab, err, sizeof(err));
+        if (step_ms < 0) {
             bench_fail("bench: forward at batch %u: %s", n, err);
             return -1;
         }
         if (step >= BENCH_WARM) {
-            t[step - BENCH_WARM] = (now_s() - t0) * 1e3;
+            t[step - BENCH_WARM] = step_ms;
         }
         for (i = 0; i < n; i++) {
             len[i]++;
@@ -196,12 +215,11 @@ static double
 bench_prefill(const struct msv_backend_ops *ops, struct msv_backend *b,
     uint32_t vocab, uint32_t first, uint32_t n, uint32_t len, float *logits)
 {
-    struct msv_batch  bt;
     char              err[512];
     uint32_t          seq[BENCH_CHUNK], n_new[BENCH_CHUNK];
     uint32_t          pos0[BENCH_CHUNK], i;
     int32_t          *tok;
-    double            t0, ms;
+    double            ms;
 
     tok = xalloc((size_t) n * len * sizeof(int32_t));
     for (i = 0; i < n * len; i++) {
@@ -217,22 +235,13 @@ bench_prefill(const struct msv_backend_ops *ops, struct msv_backend *b,
             return -1.0;
         }
     }
-    memset(&bt, 0, sizeof(bt));
-    bt.n_seqs = n;
-    bt.seq = seq;
-    bt.n_new = n_new;
-    bt.pos0 = pos0;
-    bt.tokens = tok;
-
-    poison(logits, (size_t) n * vocab);
-    t0 = now_s();
-    if (msv_kvd_forward(ops, b, &bt, logits, err, sizeof(err)) != 0) {
+    ms = bench_forward(ops, b, n, seq, n_new, pos0, tok, logits, vocab, err,
+                       sizeof(err));
+    free(tok);
+    if (ms < 0) {
         bench_fail("bench: prefill %u x %u: %s", n, len, err);
-        free(tok);
         return -1.0;
     }
-    ms = (now_s() - t0) * 1e3;
-    free(tok);
 
     for (i = 0; i < n * vocab; i++) {
         if (!isfinite(logits[i])) {
