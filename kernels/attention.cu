@@ -654,11 +654,12 @@ msv_cp_async_wait_all(void)
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
-/* Every group but the newest one complete. */
+/* Every group but the newest N complete. */
+template <int N>
 static __device__ __forceinline__ void
-msv_cp_async_wait_prior(void)
+msv_cp_async_wait_newest(void)
 {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
 /*
@@ -1104,10 +1105,10 @@ msv_attn_mma_fits(const struct msv_attn_args *a)
 /*
  * The decode form on the tensor cores: one warp a block per (token, kv
  * head), per (token, kv head, split) in the parallel form.  The warp
- * walks its token's pages one after another, the next page in flight
- * while this one computes (cp.async of its K and V rows, bf16 as stored,
- * into two stages of shared memory, rows past the sequence zero-filled),
- * and keeps the split's softmax state in registers:
+ * walks its token's pages one after another, the next NST - 1 pages in
+ * flight while this one computes (cp.async of their K and V rows, bf16 as
+ * stored, into NST stages of shared memory, rows past the sequence
+ * zero-filled), and keeps the split's softmax state in registers:
  *   scores:  mma m16n8k16 with the group's q in the rows: row g holds
  *            bf16(q) of head g, row g + 8 the remainder bf16(q - hi), so
  *            the sum of the two rows carries q to about 2^-16 relative
@@ -1125,19 +1126,23 @@ msv_attn_mma_fits(const struct msv_attn_args *a)
  * give the same bits.  No block barrier: the warps of an SM run
  * independently (a block of four warps, one per page of a split, folding
  * the pages through shared memory with three barriers a split, ran
- * attention 1.3x slower at batch 256: bench/results/engine.md).
+ * attention 1.3x slower at batch 256: bench/results/engine.md).  NST (2,
+ * 3 or 4) is chosen by the grid (msv_attn_walk_stages); it changes when
+ * the loads are issued, not the arithmetic.
  */
-#define MSV_ATTN_WALK_MINB  12         /* warps (blocks) an SM: shared
-                                          memory 12 x 17 KB, and registers */
+
+/* Warps (blocks) an SM for NST stages of K/V: as many as shared memory
+ * holds at head_dim 128 (NST x 8.5 KB a warp), registers allowing. */
+#define MSV_ATTN_WALK_MINB(NST)  ((NST) == 2 ? 12 : (NST) == 3 ? 8 : 6)
 
 static size_t
-msv_attn_walk_smem(uint32_t hd)
+msv_attn_walk_smem(uint32_t hd, uint32_t nst)
 {
-    return (size_t) 2 * 2 * MSV_KV_BLOCK * (hd + 8) * sizeof(__nv_bfloat16);
+    return (size_t) nst * 2 * MSV_KV_BLOCK * (hd + 8) * sizeof(__nv_bfloat16);
 }
 
-template <int HD>
-static __global__ void __launch_bounds__(32, MSV_ATTN_WALK_MINB)
+template <int HD, int NST>
+static __global__ void __launch_bounds__(32, MSV_ATTN_WALK_MINB(NST))
 attention_walk_kernel(struct msv_attn_args a, uint32_t S)
 {
     extern __shared__ uint4   smw[];
@@ -1146,10 +1151,11 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     __nv_bfloat16            *sm, *kt, *vt;
     const float              *qp;
     uint32_t                  qa[HD / 16][4], pa[4], fr[4], t, kvh, ng, h0,
-                              lane, r, q, nkeys, ns, s, cur, pg, npg, pe,
+                              lane, r, q, nkeys, ns, s, pg, npg, pe, pend,
+                              pbase,
                               key0, nk, d, c, row, col, i, ks, nt, hr;
     int                       three;
-    int32_t                   poff;
+    int32_t                   poff, pid;
     float                     sc[2][4], o[HD / 8][4], A[HD / 4], x[4], hi,
                               lo, v[4], mx, mn, f, l, mr, lr, mt, lt, fa, fb;
     size_t                    wp;
@@ -1166,6 +1172,63 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     ns = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_ATTN_SPLIT);
     if (blockIdx.z >= ns) {
         return;
+    }
+
+    sm = (__nv_bfloat16 *) smw;
+    poff = a.kv.page_off[a.kv.tok_seq[t]];
+
+    /* page PG (of the token's pages) into stage STAGE; one group a call,
+     * empty past the block's last page */
+#define MSV_ATTN_WALK_FETCH(PG, STAGE)                                       \
+    do {                                                                     \
+        uint32_t  k0_ = (PG) * MSV_KV_BLOCK;                                 \
+        if ((PG) < pend) {                                                   \
+            uint32_t  nk_ = min((uint32_t) MSV_KV_BLOCK, nkeys - k0_);       \
+            int32_t   pg_;                                                   \
+            if ((PG) >= pbase + 32) {                                        \
+                pbase += 32;                                                 \
+                pid = pbase + lane < pend ? a.kv.pages[poff + pbase + lane]  \
+                                          : 0;                               \
+            }                                                                \
+            pg_ = __shfl_sync(0xffffffffu, pid, (PG) - pbase);               \
+            size_t    b_ = ((size_t) pg_ * a.n_kv_heads + kvh)               \
+                           * MSV_KV_BLOCK * HD;                              \
+            __nv_bfloat16  *kt_ = sm + (size_t) (STAGE) * SB;                \
+            __nv_bfloat16  *vt_ = kt_ + MSV_KV_BLOCK * RS;                   \
+            const __nv_bfloat16  *kg_ =                                      \
+                (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
+            const __nv_bfloat16  *vg_ =                                      \
+                (const __nv_bfloat16 *) a.kv.v_cache + b_;                   \
+            for (c = lane; c < MSV_KV_BLOCK * HD / 8; c += 32) {             \
+                row = c / (HD / 8);                                          \
+                col = (c % (HD / 8)) * 8;                                    \
+                msv_cp_async16(kt_ + row * RS + col,                         \
+                               kg_ + (row < nk_ ? row : 0) * HD + col,       \
+                               row < nk_ ? 16u : 0u);                        \
+                msv_cp_async16(vt_ + row * RS + col,                         \
+                               vg_ + (row < nk_ ? row : 0) * HD + col,       \
+                               row < nk_ ? 16u : 0u);                        \
+            }                                                                \
+        }                                                                    \
+        msv_cp_async_commit();                                               \
+    } while (0)
+
+    /* the block's pages are consecutive: all the token's in the serial
+     * form, its split's in the parallel form; NST - 1 of them in flight,
+     * the first ones before q is read */
+    s = blockIdx.z;
+    pg = s * (MSV_ATTN_SPLIT / MSV_KV_BLOCK);
+    pend = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_KV_BLOCK);
+    if (gridDim.z > 1) {
+        pend = min(pend, pg + MSV_ATTN_SPLIT / MSV_KV_BLOCK);
+    }
+    /* the page table 32 entries at a time, entry pbase + l in lane l: a
+     * fetch's address is a shuffle, not a load it must wait for */
+    pbase = pg;
+    pid = pg + lane < pend ? a.kv.pages[poff + pg + lane] : 0;
+#pragma unroll
+    for (i = 0; i < NST - 1; i++) {
+        MSV_ATTN_WALK_FETCH(pg + i, (pg + i) % NST);
     }
 
     three = ng <= 4;
@@ -1206,43 +1269,6 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     mt = -INFINITY;                    /* the token's state, row r */
     lt = 0.0f;
 
-    sm = (__nv_bfloat16 *) smw;
-    poff = a.kv.page_off[a.kv.tok_seq[t]];
-
-    /* page PG (of the token's pages) into stage STAGE; one group a call,
-     * empty past the keys */
-#define MSV_ATTN_WALK_FETCH(PG, STAGE)                                       \
-    do {                                                                     \
-        uint32_t  k0_ = (PG) * MSV_KV_BLOCK;                                 \
-        if (k0_ < nkeys) {                                                   \
-            uint32_t  nk_ = min((uint32_t) MSV_KV_BLOCK, nkeys - k0_);       \
-            int32_t   pg_ = a.kv.pages[poff + (PG)];                         \
-            size_t    b_ = ((size_t) pg_ * a.n_kv_heads + kvh)               \
-                           * MSV_KV_BLOCK * HD;                              \
-            __nv_bfloat16  *kt_ = sm + (size_t) (STAGE) * SB;                \
-            __nv_bfloat16  *vt_ = kt_ + MSV_KV_BLOCK * RS;                   \
-            const __nv_bfloat16  *kg_ =                                      \
-                (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
-            const __nv_bfloat16  *vg_ =                                      \
-                (const __nv_bfloat16 *) a.kv.v_cache + b_;                   \
-            for (c = lane; c < MSV_KV_BLOCK * HD / 8; c += 32) {             \
-                row = c / (HD / 8);                                          \
-                col = (c % (HD / 8)) * 8;                                    \
-                msv_cp_async16(kt_ + row * RS + col,                         \
-                               kg_ + (row < nk_ ? row : 0) * HD + col,       \
-                               row < nk_ ? 16u : 0u);                        \
-                msv_cp_async16(vt_ + row * RS + col,                         \
-                               vg_ + (row < nk_ ? row : 0) * HD + col,       \
-                               row < nk_ ? 16u : 0u);                        \
-            }                                                                \
-        }                                                                    \
-        msv_cp_async_commit();                                               \
-    } while (0)
-
-    s = blockIdx.z;
-    pg = s * (MSV_ATTN_SPLIT / MSV_KV_BLOCK);
-    cur = 0;
-    MSV_ATTN_WALK_FETCH(pg, 0);
 
     for ( ;; ) {
         /* split s: pages pg .. pe - 1 */
@@ -1256,16 +1282,16 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
         }
 
         for ( ; pg < pe; pg++) {
-            /* the next page: this split's, else the next split's first */
-            npg = pg + 1 < pe ? pg + 1
-                  : (s + gridDim.z) * (MSV_ATTN_SPLIT / MSV_KV_BLOCK);
-            MSV_ATTN_WALK_FETCH(npg, cur ^ 1);
-            msv_cp_async_wait_prior();
+            /* page pg + NST - 1 into the stage page pg - 1 used (read
+             * by every lane: the __syncwarp at the loop's end) */
+            npg = pg + NST - 1;
+            MSV_ATTN_WALK_FETCH(npg, npg % NST);
+            msv_cp_async_wait_newest<NST - 1>();
             __syncwarp();
 
             key0 = pg * MSV_KV_BLOCK;
             nk = min((uint32_t) MSV_KV_BLOCK, nkeys - key0);
-            kt = sm + (size_t) cur * SB;
+            kt = sm + (size_t) (pg % NST) * SB;
             vt = kt + MSV_KV_BLOCK * RS;
 
             /* scores: keys 8 n + 2 q + {0, 1} of row r, tiles n = 0, 1 */
@@ -1348,7 +1374,6 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
             }
             __syncwarp();              /* the stage is read: the next
                                           fetch may fill it */
-            cur ^= 1;
         }
 
         /* the split's state: row r's output is rows r and r + 8 */
@@ -1432,6 +1457,72 @@ msv_attn_launch(msv_attn_kernel_t kern, int *ready, dim3 grid,
 }
 
 
+/*
+ * The number of K/V stages of the walking warp for a grid of `blocks`
+ * warps.  Two stages let 12 warps an SM run, three 8, four 6.  A grid
+ * that two stages hold in one wave runs with two (measured at batch 64
+ * of 8 kv heads, 512 warps: two stages 1.28 ms of attention a step, four
+ * 1.34).  A larger one takes the count whose waves (rounds of blocks the
+ * GPU holds at once) are fullest, because a last wave that fills the
+ * GPU only in part runs with few bytes in flight: at batch 256 (2,048
+ * warps) two stages run 1,584 then 464, three 1,056 then 992 (4.27 ms a
+ * step against 4.83, bench/results/engine.md).  a->stages 2, 3 or 4
+ * asks for one.
+ */
+static cudaError_t
+msv_attn_walk_stages(const struct msv_attn_args *a, uint32_t blocks,
+    const msv_attn_kernel_t *kern, int *stages)
+{
+    static int   slots_hd[4][3];    /* blocks the GPU holds, 2..4 stages */
+    int         *slots = slots_hd[msv_attn_hd_index(a->head_dim)];
+    uint32_t     w;
+    int          n, dev, sms, per, best;
+    double       f, fill;
+    cudaError_t  e;
+
+    if (a->stages >= 2 && a->stages <= 4) {
+        *stages = a->stages;
+        return cudaSuccess;
+    }
+    if (slots[0] == 0) {
+        per = 0;
+        e = cudaGetDevice(&dev);
+        if (e == cudaSuccess) {
+            e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                                       dev);
+        }
+        for (n = 0; n < 3 && e == cudaSuccess; n++) {
+            e = cudaFuncSetAttribute((const void *) kern[n],
+                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                    (int) msv_attn_walk_smem(a->head_dim, n + 2));
+            if (e == cudaSuccess) {
+                e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per,
+                        kern[n], 32, msv_attn_walk_smem(a->head_dim, n + 2));
+            }
+            slots[n] = per > 0 ? per * sms : 1;
+        }
+        if (e != cudaSuccess) {
+            slots[0] = 0;
+            return e;
+        }
+    }
+    best = 2;
+    if (blocks > (uint32_t) slots[0]) {
+        fill = 0.0;
+        for (n = 0; n < 3; n++) {
+            w = MSV_CEIL_DIV(blocks, (uint32_t) slots[n]);
+            f = (double) blocks / ((double) w * slots[n]);
+            if (f >= fill) {
+                fill = f;
+                best = n + 2;
+            }
+        }
+    }
+    *stages = best;
+    return cudaSuccess;
+}
+
+
 /* The tensor-core form of the per-token kernels: one warp a block per
  * (token of a->rest, or of the batch, kv head), per split in the parallel
  * form. */
@@ -1439,17 +1530,28 @@ static cudaError_t
 attention_mma_forward(const struct msv_attn_args *a, uint32_t n_tok,
     uint32_t S, int parallel, cudaStream_t stream)
 {
-    static const msv_attn_kernel_t  kern[4] = {
-        attention_walk_kernel<16>, attention_walk_kernel<32>,
-        attention_walk_kernel<64>, attention_walk_kernel<128>
+#define MSV_ATTN_WALK_ROW(HD)                                                \
+    { attention_walk_kernel<HD, 2>, attention_walk_kernel<HD, 3>,            \
+      attention_walk_kernel<HD, 4> }
+    static const msv_attn_kernel_t  kern[4][3] = {
+        MSV_ATTN_WALK_ROW(16), MSV_ATTN_WALK_ROW(32),
+        MSV_ATTN_WALK_ROW(64), MSV_ATTN_WALK_ROW(128)
     };
-    static int                      ready[4];
-    int                             k;
+#undef MSV_ATTN_WALK_ROW
+    static int                      ready[4][3];
+    int                             k, nst;
+    dim3                            grid(n_tok, a->n_kv_heads,
+                                         parallel ? S : 1);
+    cudaError_t                     e;
 
     k = msv_attn_hd_index(a->head_dim);
-    return msv_attn_launch(kern[k], &ready[k],
-                           dim3(n_tok, a->n_kv_heads, parallel ? S : 1), 32,
-                           msv_attn_walk_smem(a->head_dim), a, S, stream);
+    e = msv_attn_walk_stages(a, grid.x * grid.y * grid.z, kern[k], &nst);
+    if (e != cudaSuccess) {
+        return e;
+    }
+    return msv_attn_launch(kern[k][nst - 2], &ready[k][nst - 2], grid, 32,
+                           msv_attn_walk_smem(a->head_dim, nst), a, S,
+                           stream);
 }
 
 

@@ -65,6 +65,9 @@ struct msv_attn_args {
                                    NULL; part_floats floats */
     size_t          part_floats;
     int             mode;       /* MSV_ATTN_AUTO, _FOLD, _PARALLEL */
+    int             stages;     /* K/V stages of the tensor-core decode
+                                   kernel: 2, 3 or 4; 0: chosen by the
+                                   grid (the same bits either way) */
 
     /* the prefill plan (attention_plan), device arrays; n_tiles 0: none */
     const int32_t  *tiles;      /* [n_tiles][2]: first token, count */

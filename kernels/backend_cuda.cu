@@ -117,6 +117,7 @@ struct msv_backend {
     struct msv_gemm_inv       inv;     /* its pinned algorithms */
     const struct msv_gemm_inv *pin;    /* &inv when invariant, else NULL */
     int                       attn_mode;  /* MSV_ATTN_AUTO, _FOLD, _PARALLEL */
+    int                       attn_stages; /* 0 (by the grid), 2, 3, 4 */
     int                       tiled;   /* prefill runs by the tiled
                                           attention (not when invariant) */
     cudaStream_t              stream;
@@ -1131,6 +1132,19 @@ msv_cuda_create(const struct msv_model_config *cfg,
         goto failed;
     }
 
+    /* MSV_CUDA_ATTN_STAGES=2|3|4: the decode kernel's K/V stages, chosen
+     * by the grid when unset */
+    mode = getenv("MSV_CUDA_ATTN_STAGES");
+    b->attn_stages = 0;
+    if (mode != NULL && mode[0] != '\0') {
+        if ((mode[0] < '2' || mode[0] > '4') || mode[1] != '\0') {
+            msv_cuda_err(err, errlen, "cuda: MSV_CUDA_ATTN_STAGES=%s: "
+                         "expected 2, 3 or 4", mode);
+            goto failed;
+        }
+        b->attn_stages = mode[0] - '0';
+    }
+
     e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         b->stream = NULL;
@@ -1450,6 +1464,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     aa.part = b->part;
     aa.part_floats = b->part_floats;
     aa.mode = b->attn_mode;
+    aa.stages = b->attn_stages;
     if (aa.mode == MSV_ATTN_PARALLEL
         && attention_part_floats(n, c->n_heads, c->head_dim, max_ctx)
            > b->part_floats)

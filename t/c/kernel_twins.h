@@ -511,7 +511,7 @@ check_attention(void)
     uint32_t                       ctx[8], n_new[8], s, k, stride;
     float                         *q, *out, *out2, *ref, *kc, *vc;
     size_t                         nq, nout, cache, i;
-    int                            kb;
+    int                            kb, st;
 
     for (k = 0; k < 2 * sizeof(cases) / sizeof(cases[0]); k++) {
         c = &cases[k / 2];
@@ -559,11 +559,12 @@ check_attention(void)
         m.kv.kv_bf16 = kb;
         if (msv_cuda_run_attention(out, q, stride, c->nh, c->nkv, c->hd,
                                    (float) (1.0 / sqrt(c->hd)), &m.kv,
-                                   MSV_CHECK_ATTN_FOLD, MSV_CHECK_TILED_OFF,
-                                   0, NULL, err, sizeof(err)) != 0
+                                   MSV_CHECK_ATTN_FOLD, 0,
+                                   MSV_CHECK_TILED_OFF, 0, NULL, err,
+                                   sizeof(err)) != 0
             || msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv, c->hd,
                                       (float) (1.0 / sqrt(c->hd)), &m.kv,
-                                      MSV_CHECK_ATTN_PARALLEL,
+                                      MSV_CHECK_ATTN_PARALLEL, 0,
                                       MSV_CHECK_TILED_OFF, 0, NULL, err,
                                       sizeof(err)) != 0)
         {
@@ -575,6 +576,23 @@ check_attention(void)
                 chk_fail("kernel attention nh=%u nkv=%u hd=%u%s: serial "
                          "and split forms differ", c->nh, c->nkv, c->hd,
                          kb ? " kv-bf16" : "");
+            }
+            /* and whatever the decode kernel's stages: 2, 3, 4 pages a
+             * warp, serial and split */
+            for (st = 2; kb && st <= 4; st++) {
+                if (msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv,
+                                           c->hd, (float) (1.0 / sqrt(c->hd)),
+                                           &m.kv, st % 2 == 0
+                                           ? MSV_CHECK_ATTN_FOLD
+                                           : MSV_CHECK_ATTN_PARALLEL, st,
+                                           MSV_CHECK_TILED_OFF, 0, NULL, err,
+                                           sizeof(err)) != 0)
+                {
+                    chk_fail("kernel attention: %s", err);
+                } else if (memcmp(out, out2, nout * sizeof(float)) != 0) {
+                    chk_fail("kernel attention nh=%u nkv=%u hd=%u kv-bf16: "
+                             "%d stages differ", c->nh, c->nkv, c->hd, st);
+                }
             }
             twin_attention(ref, q, stride, c->nh, c->nkv, c->hd,
                            (float) (1.0 / sqrt(c->hd)), &m.kv);
@@ -688,15 +706,15 @@ check_attention_tiled(void)
         nt = 0;
         nt2 = 0;
         if (msv_cuda_run_attention(out, q, stride, c->nh, c->nkv, c->hd,
-                                   scale, &m.kv, MSV_CHECK_ATTN_FOLD,
+                                   scale, &m.kv, MSV_CHECK_ATTN_FOLD, 0,
                                    MSV_CHECK_TILED_ON, c->min_run, &nt, err,
                                    sizeof(err)) != 0
             || msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv, c->hd,
                                       scale, &m.kv, MSV_CHECK_ATTN_PARALLEL,
-                                      MSV_CHECK_TILED_ON, c->min_run, &nt2,
-                                      err, sizeof(err)) != 0
+                                      0, MSV_CHECK_TILED_ON, c->min_run,
+                                      &nt2, err, sizeof(err)) != 0
             || msv_cuda_run_attention(tok, q, stride, c->nh, c->nkv, c->hd,
-                                      scale, &m.kv, MSV_CHECK_ATTN_FOLD,
+                                      scale, &m.kv, MSV_CHECK_ATTN_FOLD, 0,
                                       MSV_CHECK_TILED_OFF, 0, NULL, err,
                                       sizeof(err)) != 0)
         {
