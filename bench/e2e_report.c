@@ -11,7 +11,9 @@
  * prefills; steady tokens/s = tokens
  * sampled in the window / (end of its last step - start of its first).
  * Stage costs are medians over the window (the whole run when there is
- * none): forward, sampling with capture, rows into the ring, the
+ * none): forward, sampling with capture, rows into the ring (with the
+ * step log's flush_ns, when it has it: the wait for the last step's
+ * copies that the forward did not hide, and their commit), the
  * scheduler's host time, and the gap between steps.  The ratio mask-on /
  * mask-off compares a run with the mask-off run of the same row and
  * repeat: steady tokens/s for waves, client wall time (off / on) for
@@ -132,7 +134,7 @@ static int
 msv_read_steps(const char *path)
 {
     char                line[MSV_LINE_MAX], key[32];
-    unsigned long long  v[13];
+    unsigned long long  v[14];
     FILE               *f;
     msv_step_t         *s;
     int                 n, k, off, used;
@@ -144,14 +146,16 @@ msv_read_steps(const char *path)
     }
     while (fgets(line, sizeof(line), f) != NULL) {
         /* step t0_ns t1_ns seqs decode prefill sampled active fwd_ns
-         * sample_ns ring_ns ring_bytes host_ns, in that order */
-        for (k = 0, off = 0; k < 13; k++, off += used) {
+         * sample_ns ring_ns ring_bytes host_ns, in that order, then
+         * flush_ns in logs that have it */
+        v[13] = 0;
+        for (k = 0, off = 0; k < 14; k++, off += used) {
             n = sscanf(line + off, "%31s %llu%n", key, &v[k], &used);
             if (n != 2) {
                 break;
             }
         }
-        if (k != 13) {
+        if (k < 13) {
             fprintf(stderr, "e2e_report: %s: a line without the 13 fields: "
                     "%s", path, line);
             fclose(f);
@@ -174,7 +178,7 @@ msv_read_steps(const char *path)
         s->sampled = (long) v[6];
         s->fwd = v[8] / 1e6;
         s->smp = v[9] / 1e6;
-        s->ring = v[10] / 1e6;
+        s->ring = (v[10] + v[13]) / 1e6;
         s->bytes = (double) v[11];
         s->host = v[12] / 1e6;
     }

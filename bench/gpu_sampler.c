@@ -3,6 +3,9 @@
  * logits already on the device: sampling + capture + packing (the
  * kernels, CUDA events) and the copy of the packed rows into registered
  * host memory (as into the ring), separately, per case and batch size.
+ * The copy is timed on the host from its start (msv_gsampler_copy) to
+ * its end (msv_gsampler_wait); in the worker it runs beside the next
+ * forward instead.
  * The PyTorch way of doing the same work is timed by
  * bench/gpu_sampler_torch.py in the same run (bench/gpu_sampler.sh).
  *
@@ -195,7 +198,8 @@ main(int argc, char **argv)
                     }
                     t0 = now_ms();
                     if (msv_gsampler_copy(g, 0, n, dst, err,
-                                          sizeof(err)) != 0)
+                                          sizeof(err)) != 0
+                        || msv_gsampler_wait(g, err, sizeof(err)) != 0)
                     {
                         fprintf(stderr, "%s\n", err);
                         return 1;

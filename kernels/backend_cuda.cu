@@ -2024,11 +2024,34 @@ msv_cuda_sample(struct msv_backend *b, const struct msv_sample_row *rows,
 }
 
 
+/*
+ * The copies run on the sampler's copy stream, beside the next forward
+ * on b->stream: forward ends with cudaStreamSynchronize(b->stream), which
+ * does not wait for them.  Only a device-wide synchronization would: the
+ * cudaFree of scratch, the batch description or the sampler's upload
+ * buffer when a step outgrows them (a few times after start), and the
+ * old weights' after a weight update.  Those make a copy land early,
+ * which is still correct.
+ */
 static int
 msv_cuda_sample_copy(struct msv_backend *b, uint32_t first, uint32_t n,
     void *dst, char *err, size_t errlen)
 {
+    if (b->gs == NULL) {
+        return msv_cuda_err(err, errlen, "cuda: sample_copy before "
+                            "sample_init");
+    }
     return msv_gsampler_copy(b->gs, first, n, dst, err, errlen);
+}
+
+
+static int
+msv_cuda_sample_wait(struct msv_backend *b, char *err, size_t errlen)
+{
+    if (b->gs == NULL) {
+        return 0;               /* nothing was ever copied */
+    }
+    return msv_gsampler_wait(b->gs, err, errlen);
 }
 
 
@@ -2150,6 +2173,7 @@ msv_cuda_make_ops(void)
     o.sample_init = msv_cuda_sample_init;
     o.sample = msv_cuda_sample;
     o.sample_copy = msv_cuda_sample_copy;
+    o.sample_wait = msv_cuda_sample_wait;
     o.stage_weights = msv_cuda_stage_weights;
     o.commit_weights = msv_cuda_commit_weights;
     o.drop_weights = msv_cuda_drop_weights;

@@ -5,7 +5,8 @@
  * device, and writes each sampled row in the ring's row format (struct
  * msv_row + payload, shm/msv_shm.h) at its realized length into a device
  * staging buffer, back to back in row order.  The caller (the CUDA
- * backend, or the check program) copies those bytes into the ring.
+ * backend, or the check program) has those bytes copied into the ring
+ * (msv_gsampler_copy, msv_gsampler_wait).
  *
  * Per-request state that the penalties need (token counts of the output,
  * the set of prompt and output ids) and the request's logit bias and
@@ -47,10 +48,21 @@ int msv_gsampler_run(struct msv_gsampler *g, float *logits,
     const struct msv_sample_row *rows, uint32_t n,
     struct msv_sample_res *res, char *err, size_t errlen);
 
-/* Copy the packed rows [first, first + n) of the last run (contiguous)
- * to dst in host memory and wait for the copy. */
+/*
+ * Start the copy of the packed rows [first, first + n) of the last run
+ * (contiguous) to dst in host memory, on the sampler's copy stream, and
+ * return: the copy runs beside what the caller's stream does next.  The
+ * next run's packing waits for it on the device.  Into registered memory
+ * (msv_cuda_host_register) it is a DMA at full rate; into pageable
+ * memory CUDA copies it before returning.  0, or -1 with err set.
+ */
 int msv_gsampler_copy(struct msv_gsampler *g, uint32_t first, uint32_t n,
     void *dst, char *err, size_t errlen);
+
+/* Return once every copy started has landed: the host may read dst.
+ * The time from msv_gsampler_copy to here is the copy's.  0, or -1
+ * with err set if a copy failed. */
+int msv_gsampler_wait(struct msv_gsampler *g, char *err, size_t errlen);
 
 /* Milliseconds the last run spent on the device (CUDA events), and in
  * parts[3] (if not NULL): uploads, the sampling kernel, packing. */

@@ -30,6 +30,15 @@
  *   F3  consumer: acquire fence before rechecking its entry after reading
  *       F3 pairs with F2: if the consumer still sees its entry ATTACHED,
  *       the producer had not overwritten the record it read.
+ *
+ * Deferred runs (msv_ring_defer) are written by someone else after their
+ * reservation, a DMA engine copying from the device.  R1 covers them as
+ * any row: the producer stores head only after it knows the copy landed
+ * (the wait that tells it so orders the copy's writes before what the
+ * producer does next), and until then head stops at p->held, before the
+ * first record they are in.  Space is reserved for them exactly as for
+ * rows written in place, against the same tails, so a reader never has
+ * unread bytes where a copy lands.
  */
 
 #include <errno.h>
@@ -53,7 +62,11 @@ static int64_t msv_rows_span(const uint8_t *p, uint64_t limit,
     uint32_t n_rows);
 static void msv_rec_close(struct msv_producer *p);
 static void msv_publish(struct msv_producer *p);
-static int msv_room(struct msv_producer *p, uint64_t end);
+static int msv_room(struct msv_producer *p, uint64_t end, int may_wait);
+static uint8_t *msv_place(struct msv_producer *p, uint32_t bytes,
+    int may_wait, int *rc);
+static int msv_rec_valid(const uint8_t *at, uint32_t bytes, uint32_t n_rows,
+    uint32_t max_rec);
 static int msv_evicted(const struct msv_consumer *k);
 
 
@@ -90,6 +103,28 @@ msv_rows_span(const uint8_t *p, uint64_t limit, uint32_t n_rows)
     }
 
     return (int64_t) off;
+}
+
+
+/*
+ * What a reader demands of a step record of `bytes` (header included, not
+ * necessarily written yet) holding n_rows rows: rows that fill it up to
+ * its 16-byte padding.  1 if they do.
+ */
+static int
+msv_rec_valid(const uint8_t *at, uint32_t bytes, uint32_t n_rows,
+    uint32_t max_rec)
+{
+    int64_t  span;
+
+    if (bytes < MSV_REC_HDR || bytes % MSV_REC_ALIGN || bytes > max_rec
+        || n_rows == 0)
+    {
+        return 0;
+    }
+    span = msv_rows_span(at + MSV_REC_HDR, bytes - MSV_REC_HDR, n_rows);
+    return span >= 0
+           && MSV_ALIGN16(MSV_REC_HDR + (uint64_t) span) == bytes;
 }
 
 
@@ -141,6 +176,7 @@ msv_producer_init(struct msv_producer *p, struct msv_ctrl *c,
     /* relaxed: we are the only writer of head */
     p->head = atomic_load_explicit(&c->head, memory_order_relaxed);
     p->rec_at = MSV_NO_REC;
+    p->held = MSV_NO_REC;
     p->wait = wait;
     p->wait_ud = wait_ud;
     p->limit = p->head;         /* forces a look at the tails first */
@@ -164,10 +200,11 @@ msv_ring_begin(struct msv_producer *p, uint64_t seq)
  * Wait until [.., end) may be written: no attached reader still has
  * unread bytes there.  p->limit caches min_tail + cap; tails only grow
  * and a newly admitted reader starts at the published head, so a cached
- * limit is never too generous.
+ * limit is never too generous.  0 when it may; 1 when it may not yet and
+ * may_wait is 0 (the tails were read once); -1 when the wait gave up.
  */
 static int
-msv_room(struct msv_producer *p, uint64_t end)
+msv_room(struct msv_producer *p, uint64_t end, int may_wait)
 {
     uint64_t  t0, pub;
     struct timespec  ts;
@@ -186,6 +223,9 @@ msv_room(struct msv_producer *p, uint64_t end)
         p->limit = msv_ring_min_tail(p->c, pub) + p->cap;
         if (end <= p->limit) {
             return 0;
+        }
+        if (!may_wait) {
+            return 1;
         }
 
         if (t0 == 0) {
@@ -235,20 +275,24 @@ msv_rec_close(struct msv_producer *p)
 }
 
 
-/* Make everything up to p->head public and wake sleeping readers. */
+/* Make everything up to p->head (p->held while runs are deferred) public
+ * and wake sleeping readers. */
 static void
 msv_publish(struct msv_producer *p)
 {
     uint32_t            i;
-    uint64_t            one = 1;
+    uint64_t            one = 1, to;
     struct msv_reader  *r;
 
-    if (atomic_load_explicit(&p->c->head, memory_order_relaxed) == p->head) {
+    /* deferred runs: their records wait, and so does all after them */
+    to = p->held != MSV_NO_REC ? p->held : p->head;
+
+    if (atomic_load_explicit(&p->c->head, memory_order_relaxed) == to) {
         return;
     }
 
     /* R1: release, pairs with A1 in msv_consume */
-    atomic_store_explicit(&p->c->head, p->head, memory_order_release);
+    atomic_store_explicit(&p->c->head, to, memory_order_release);
 
     /* F1: pairs with F0 in msv_consumer_arm (see the top of this file) */
     atomic_thread_fence(memory_order_seq_cst);
@@ -274,13 +318,20 @@ msv_publish(struct msv_producer *p)
 }
 
 
-void *
-msv_ring_reserve(struct msv_producer *p, uint32_t bytes)
+/*
+ * Where `bytes` more rows of the open step go (msv_ring_reserve): in the
+ * open record if it can grow that far, else in a new one, after a pad
+ * when the ring's end is too near.  NULL with *rc 1 (no room, may_wait
+ * 0) or -1 (bad size, or the wait gave up).
+ */
+static uint8_t *
+msv_place(struct msv_producer *p, uint32_t bytes, int may_wait, int *rc)
 {
     uint64_t         pos, pad, need, grow, end;
     struct msv_rec  *h;
 
     p->reserved = 0;
+    *rc = -1;
     if (bytes < MSV_ROW_MIN || bytes % MSV_ROW_ALIGN
         || bytes > p->c->max_row_bytes)
     {
@@ -295,7 +346,8 @@ msv_ring_reserve(struct msv_producer *p, uint32_t bytes)
             && (p->rec_at & (p->cap - 1)) + grow <= p->cap
             && p->rec_rows + bytes / MSV_ROW_MIN <= UINT16_MAX)
         {
-            if (msv_room(p, p->rec_at + grow) != 0) {
+            *rc = msv_room(p, p->rec_at + grow, may_wait);
+            if (*rc != 0) {
                 return NULL;
             }
             p->reserved = bytes;
@@ -316,7 +368,8 @@ msv_ring_reserve(struct msv_producer *p, uint32_t bytes)
     pad = pos + need > p->cap ? p->cap - pos : 0;
     end = p->head + pad + need;
 
-    if (msv_room(p, end) != 0) {
+    *rc = msv_room(p, end, may_wait);
+    if (*rc != 0) {
         return NULL;
     }
 
@@ -335,6 +388,22 @@ msv_ring_reserve(struct msv_producer *p, uint32_t bytes)
     p->rec_rows = 0;
     p->reserved = bytes;
     return p->data + (p->rec_at & (p->cap - 1)) + MSV_REC_HDR;
+}
+
+
+void *
+msv_ring_reserve(struct msv_producer *p, uint32_t bytes)
+{
+    int  rc;
+
+    if (p->n_defer > 0) {
+        fprintf(stderr, "msv_ring_reserve: %u deferred runs not settled: "
+                "nothing may go between them and their commit\n",
+                p->n_defer);
+        p->reserved = 0;
+        return NULL;
+    }
+    return msv_place(p, bytes, 1, &rc);
 }
 
 
@@ -386,6 +455,130 @@ msv_ring_end(struct msv_producer *p)
 }
 
 
+int
+msv_ring_defer(struct msv_producer *p, uint32_t bytes, uint32_t n_rows,
+    void **at)
+{
+    int       rc;
+    uint8_t  *w;
+
+    *at = NULL;
+    if (n_rows == 0 || n_rows > bytes / MSV_ROW_MIN) {
+        return -1;
+    }
+
+    /* the first run may wait for readers as any reserve; later ones would
+     * wait for readers held up by the runs themselves */
+    w = msv_place(p, bytes, p->n_defer == 0, &rc);
+    if (w == NULL) {
+        return rc;
+    }
+
+    if (p->n_defer++ == 0) {
+        p->held = p->rec_at;
+        p->held_bytes = p->rec_bytes;
+        p->held_rows = p->rec_rows;
+        p->held_seq = p->seq;
+    }
+
+    /* counted now: a record closed before the bytes land has its header */
+    p->rec_bytes += bytes;
+    p->rec_rows += n_rows;
+    p->reserved = 0;
+    *at = w;
+    return 0;
+}
+
+
+int
+msv_ring_settle(struct msv_producer *p)
+{
+    uint64_t              at;
+    const uint8_t        *r;
+    const struct msv_rec *h;
+
+    if (p->n_defer == 0) {
+        return 0;
+    }
+
+    /*
+     * The closed records from the held one on (headers written by
+     * msv_rec_close, the pads by msv_place), then the open one.  Bounds
+     * are checked too: a copy that ran past its run would show here.
+     */
+    for (at = p->held; at < p->head; at += h->bytes) {
+        r = p->data + (at & (p->cap - 1));
+        h = (const struct msv_rec *) r;
+        if (h->bytes < MSV_REC_HDR || h->bytes % MSV_REC_ALIGN
+            || at + h->bytes > p->head)
+        {
+            goto malformed;
+        }
+        if (h->kind == MSV_REC_PAD) {
+            continue;
+        }
+        if (h->kind != MSV_REC_STEP
+            || !msv_rec_valid(r, h->bytes, h->n_rows, p->c->max_rec_bytes))
+        {
+            goto malformed;
+        }
+    }
+    if (p->rec_at != MSV_NO_REC && p->rec_rows > 0) {
+        r = p->data + (p->rec_at & (p->cap - 1));
+        if (msv_rows_span(r + MSV_REC_HDR, p->rec_bytes - MSV_REC_HDR,
+                          p->rec_rows)
+            != (int64_t) (p->rec_bytes - MSV_REC_HDR))
+        {
+            goto malformed;
+        }
+    }
+
+    p->held = MSV_NO_REC;
+    p->n_defer = 0;
+    msv_publish(p);
+    return 0;
+
+malformed:
+
+    fprintf(stderr, "msv_ring_settle: the rows of %u deferred runs are "
+            "malformed (row bytes must equal msv_row_size of its counts); "
+            "they are dropped\n", p->n_defer);
+    msv_ring_drop(p);
+    return -1;
+}
+
+
+void
+msv_ring_drop(struct msv_producer *p)
+{
+    uint64_t  seq;
+
+    if (p->n_defer == 0) {
+        return;
+    }
+
+    /* the held record as it was before the first run (open: head is its
+     * start); nothing of it or after it was public */
+    p->head = p->held;
+    p->rec_at = p->held;
+    p->rec_bytes = p->held_bytes;
+    p->rec_rows = p->held_rows;
+    p->reserved = 0;
+    p->held = MSV_NO_REC;
+    p->n_defer = 0;
+
+    if (p->rec_rows > 0) {
+        seq = p->seq;
+        p->seq = p->held_seq;       /* a step may have begun since */
+        msv_rec_close(p);
+        p->seq = seq;
+    } else {
+        p->rec_at = MSV_NO_REC;
+    }
+    msv_publish(p);
+}
+
+
 /* ------------------------------------------------------------------ */
 /* Consumer                                                             */
 
@@ -420,7 +613,6 @@ long
 msv_consume(struct msv_consumer *k, msv_row_fn fn, void *ud)
 {
     long                   n;
-    int64_t                span;
     uint32_t               r;
     uint64_t               head, avail, pos, off;
     const uint8_t         *at;
@@ -458,14 +650,8 @@ msv_consume(struct msv_consumer *k, msv_row_fn fn, void *ud)
             }
 
         } else if (h->kind == MSV_REC_STEP) {
-            if (h->bytes > k->c->max_rec_bytes || h->n_rows == 0) {
-                return -1;
-            }
             /* the rows fill the record up to its 16-byte padding */
-            span = msv_rows_span(at + MSV_REC_HDR, h->bytes - MSV_REC_HDR,
-                                 h->n_rows);
-            if (span < 0
-                || MSV_ALIGN16(MSV_REC_HDR + (uint64_t) span) != h->bytes)
+            if (!msv_rec_valid(at, h->bytes, h->n_rows, k->c->max_rec_bytes))
             {
                 return -1;
             }

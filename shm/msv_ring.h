@@ -36,6 +36,15 @@ struct msv_producer {
     uint32_t          reserved;     /* bytes of the last reserve */
     uint64_t          limit;        /* writable below this (cached
                                        min tail + cap) */
+
+    /* deferred runs (msv_ring_defer): nothing from `held` on is public */
+    uint64_t          held;         /* start of the record the first
+                                       deferred run went into, or ~0 */
+    uint32_t          n_defer;      /* runs deferred and not settled */
+    uint32_t          held_bytes;   /* that record before the run: what */
+    uint32_t          held_rows;    /* msv_ring_drop keeps of it */
+    uint64_t          held_seq;
+
     msv_wait_fn       wait;
     void             *wait_ud;
     int               wake_fd[MSV_MAX_READERS];   /* -1: none */
@@ -52,7 +61,8 @@ void msv_ring_begin(struct msv_producer *p, uint64_t seq);
  * open record cannot grow that far (ctrl->max_rec_bytes, or the end of
  * the ring) the record so far is published as one part and a new part
  * begins.  Waits through p->wait while readers lag.  Returns NULL when
- * bytes > max_row_bytes or the wait gave up.
+ * bytes > max_row_bytes, the wait gave up, or runs are deferred (see
+ * msv_ring_defer).
  */
 void *msv_ring_reserve(struct msv_producer *p, uint32_t bytes);
 
@@ -62,8 +72,48 @@ void *msv_ring_reserve(struct msv_producer *p, uint32_t bytes);
 void msv_ring_commit(struct msv_producer *p, uint32_t bytes,
     uint32_t n_rows);
 
-/* Publish the open record (if it has rows) and wake armed readers. */
+/* Publish the open record (if it has rows) and wake armed readers.
+ * With runs deferred, their records and those after are closed but held
+ * back: msv_ring_settle publishes them. */
 void msv_ring_end(struct msv_producer *p);
+
+/*
+ * Deferred runs, for rows whose bytes arrive after the reservation (a
+ * DMA copy from the device that runs while the producer goes on):
+ * contiguous room for `bytes` holding n_rows rows in the open step, laid
+ * out as msv_ring_reserve does and counted into the open record at once;
+ * the caller has them written later.  Nothing from the record of the
+ * first deferred run on is published until msv_ring_settle, which checks
+ * them, or msv_ring_drop, which forgets them; a step may begin and end
+ * meanwhile (its records close and wait), and runs may be deferred over
+ * several steps, in order.  Until then msv_ring_reserve refuses: nothing
+ * else goes between the runs and their commit.
+ *
+ * Returns 0 with *at set.  1 when the room is not there now and runs are
+ * already deferred: readers may be waiting for exactly those records, so
+ * this does not wait (settle, then defer again; nothing was reserved).
+ * -1 when bytes > max_row_bytes, n_rows is 0 or more than bytes holds,
+ * or, with nothing deferred, the wait gave up as in msv_ring_reserve.
+ */
+int msv_ring_defer(struct msv_producer *p, uint32_t bytes, uint32_t n_rows,
+    void **at);
+
+/*
+ * Every deferred byte has been written: check the held records as a
+ * reader would, then publish everything closed.  0 (also when nothing
+ * was deferred); -1 if a row is malformed, and then every deferred run
+ * is dropped as by msv_ring_drop, with a message on stderr.
+ */
+int msv_ring_settle(struct msv_producer *p);
+
+/*
+ * Forget every deferred run, once nothing writes their bytes any more:
+ * head goes back to where the first one began, the records after it
+ * vanish unseen (they never were public).  The rows committed before the
+ * first run in its record stay: that record is closed, with its own seq,
+ * and published.
+ */
+void msv_ring_drop(struct msv_producer *p);
 
 /* Smallest tail among attached readers, or head when there are none. */
 uint64_t msv_ring_min_tail(struct msv_ctrl *c, uint64_t head);

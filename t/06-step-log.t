@@ -24,7 +24,7 @@ my $shm  = "msv-t06-$$";
 my $log  = "$dir/steps.txt";
 
 my @keys = qw(step t0_ns t1_ns seqs decode prefill sampled active fwd_ns
-              sample_ns ring_ns ring_bytes host_ns);
+              sample_ns ring_ns ring_bytes host_ns flush_ns);
 
 # a path that cannot be opened is refused at start
 my $rc = system("$bin/maskserve-worker --dummy tiny --backend cpu --shm $shm "
@@ -110,7 +110,8 @@ for my $i (0 .. $#st) {
     my $span = $h->{t1_ns} - $h->{t0_ns};
     push @why, "$h->{step}: t1 < t0" if $h->{t1_ns} < $h->{t0_ns};
     push @why, "$h->{step}: stages do not add up to the step (one is negative)"
-        if $h->{fwd_ns} + $h->{sample_ns} + $h->{ring_ns} + $h->{host_ns} != $span;
+        if $h->{fwd_ns} + $h->{sample_ns} + $h->{ring_ns} + $h->{host_ns}
+           + $h->{flush_ns} != $span;
     push @why, "$h->{step}: decode > seqs" if $h->{decode} > $h->{seqs};
     push @why, "$h->{step}: prefill chunks without tokens"
         if $h->{prefill} < $h->{seqs} - $h->{decode};

@@ -97,9 +97,18 @@ struct msv_backend_ops {
      * device; sample() draws the rows (their params already validated),
      * captures what each asked for and packs each row in the ring's row
      * format (struct msv_row + payload, finish 0) at its realized size,
-     * rows back to back on the device; res gets each row's token and
-     * size.  sample_copy() copies rows [first, first + n) of the last
-     * sample() to dst (inside `ring`) and returns once they are there.
+     * rows back to back on the device; it returns once res has each
+     * row's token and size (the host needs the tokens for the next
+     * forward).
+     *
+     * sample_copy() starts the copy of rows [first, first + n) of the
+     * last sample() to dst (inside `ring`) and returns without waiting
+     * for it: the copy runs on the device beside whatever comes next,
+     * the next forward in particular.  sample_wait() returns once every
+     * copy started has landed in dst (0), or -1 with err set if one
+     * failed; only then may the host touch those bytes.  A sample()
+     * before the wait is safe: its packing waits on the device for the
+     * copies still reading the rows it replaces (its tokens do not).
      */
     int (*sample_init)(struct msv_backend *b, uint32_t max_rows,
         uint32_t max_slots, uint32_t max_logprobs, void *ring,
@@ -108,6 +117,7 @@ struct msv_backend_ops {
         uint32_t n, struct msv_sample_res *res, char *err, size_t errlen);
     int (*sample_copy)(struct msv_backend *b, uint32_t first, uint32_t n,
         void *dst, char *err, size_t errlen);
+    int (*sample_wait)(struct msv_backend *b, char *err, size_t errlen);
 
     /*
      * Optional: a weight update (NULL: the backend cannot).  stage_weights

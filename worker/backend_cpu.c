@@ -164,6 +164,7 @@ const struct msv_backend_ops  msv_backend_cpu = {
     NULL,                       /* sample_init: the CPU sampler */
     NULL,
     NULL,
+    NULL,
     msv_cpu_stage_weights,
     msv_cpu_commit_weights,
     msv_cpu_drop_weights

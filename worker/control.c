@@ -355,9 +355,13 @@ msv_update_poll(struct msv_control *k)
         return 0;       /* the requests in flight are still finishing */
     }
 
-    /* the swap, between two steps */
+    /* the swap, between two steps, after the rows the old weights made */
     t1 = msv_now_ns();
     n = 0;
+
+    if (msv_sched_flush(k->s) != 0) {
+        return -1;
+    }
 
     if (u->mode == MSV_PAUSE_ABORT
         && msv_sched_abort_in_flight(k->s, MSV_ABORT_PAUSED, &n) != 0)
@@ -487,6 +491,10 @@ msv_control_pause(struct msv_control *k, uint32_t mode)
         return 0;
     }
 
+    /* paused: every row made so far is out */
+    if (msv_sched_flush(k->s) != 0) {
+        return -1;
+    }
     msv_control_set(k, MSV_PAUSED, mode);
 
     snprintf(msg, sizeof(msg), "paused (%s): %u requests %s",
@@ -532,6 +540,9 @@ msv_control_poll(struct msv_control *k)
     if (k->pending_op == MSV_OP_PAUSE) {
         if (k->s->n_active > 0) {
             return 0;
+        }
+        if (msv_sched_flush(k->s) != 0) {
+            return -1;
         }
         k->pending_op = MSV_OP_NONE;
         k->s->hold = MSV_HOLD_ALL;

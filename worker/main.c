@@ -512,17 +512,24 @@ msv_forget(void *ud, uint32_t slot)
 
 /*
  * One turn of the main loop: submissions and reader events (waiting up
- * to idle_ms when nothing can run), the control mailbox between two
- * steps, then a step.  A signal count reaching stop_at while polling
- * skips the step.  -1 (the scheduler's error logged): the worker must
- * stop.
+ * to idle_ms when nothing can run, once the last step's rows are out),
+ * the control mailbox between two steps, then a step.  A signal count
+ * reaching stop_at while polling skips the step.  -1 (the scheduler's
+ * error logged): the worker must stop.
  */
 static int
 msv_loop_once(struct msv_ipc *ipc, struct msv_control *control,
     struct msv_sched *sched, int idle_ms, int stop_at)
 {
+    int  runnable;
+
     atomic_store_explicit(&msv_loop_ns, msv_now_ns(), memory_order_relaxed);
-    msv_ipc_poll(ipc, msv_sched_runnable(sched) ? 0 : idle_ms);
+    runnable = msv_sched_runnable(sched);
+    if (!runnable && msv_sched_flush(sched) != 0) {
+        msv_err("fatal: %s", sched->err);
+        return -1;
+    }
+    msv_ipc_poll(ipc, runnable ? 0 : idle_ms);
     if (msv_stop >= stop_at) {
         return 0;
     }

@@ -7,7 +7,9 @@
  * sequence the page its next token needs, preempting the most recently
  * admitted sequences when the pool runs dry; run one forward over the
  * decoding sequences (one token each) and prefill chunks (up to
- * max_batched tokens per step); sample; publish one record of rows.
+ * max_batched tokens per step); sample; publish one record of rows.  Rows
+ * sampled on the device are copied into the ring while the next step's
+ * forward runs, and published right after it (msv_sched_flush).
  *
  * KV pages come from the allocator in kv.h.  A request is admitted with
  * pages for its prompt; full prompt pages already cached by an earlier
@@ -32,6 +34,14 @@
 #include "log.h"
 #include "mix.h"
 #include "scheduler.h"
+
+
+/* A device-sampled row waiting for its copy (msv_sched_flush). */
+struct msv_sched_pend {
+    struct msv_row   *w;            /* where its copy lands in the ring */
+    uint8_t           finish;       /* its finish fields, taken already */
+    uint8_t           why;
+};
 
 
 /* Move a slot between states, keeping its owner pid.  0 if it moved. */
@@ -168,6 +178,7 @@ msv_sched_free(struct msv_sched *s)
     free(s->step_log_buf);
     free(s->srows);
     free(s->sres);
+    free(s->pend);
     msv_sample_pool_free(s->pool);
     msv_kv_free(&s->kv);
     memset(s, 0, sizeof(*s));
@@ -178,7 +189,7 @@ int
 msv_sched_device_sampler(struct msv_sched *s, char *why, size_t len)
 {
     if (s->ops->sample_init == NULL || s->ops->sample == NULL
-        || s->ops->sample_copy == NULL)
+        || s->ops->sample_copy == NULL || s->ops->sample_wait == NULL)
     {
         snprintf(why, len, "the %s backend has no device sampler",
                  s->ops->name);
@@ -186,7 +197,8 @@ msv_sched_device_sampler(struct msv_sched *s, char *why, size_t len)
     }
     s->srows = calloc(s->n_slots, sizeof(*s->srows));
     s->sres = calloc(s->n_slots, sizeof(*s->sres));
-    if (s->srows == NULL || s->sres == NULL) {
+    s->pend = calloc(s->n_slots, sizeof(*s->pend));
+    if (s->srows == NULL || s->sres == NULL || s->pend == NULL) {
         snprintf(why, len, "out of memory");
         return 0;
     }
@@ -226,23 +238,27 @@ msv_sched_step_log(struct msv_sched *s, const char *path)
  * sequences in the batch, decode rows, prefill tokens, tokens sampled,
  * sequences active after it, then the stages: forward, sampling with the
  * mask capture, rows into the ring (with any wait for space), the ring
- * bytes written, and the scheduler's own host time (the rest).
+ * bytes the step's rows take, the scheduler's own host time (the rest),
+ * and last the flush of the step before's device rows (their copies'
+ * wait, finish fields, commit): last so that readers of the first
+ * thirteen fields read on.
  */
 static void
 msv_sched_log_step(struct msv_sched *s, uint64_t t0, uint64_t t1,
     uint32_t nb, uint32_t n_dec, uint32_t n_pf, uint32_t ns, uint64_t fwd,
     uint64_t smp, uint64_t ring)
 {
-    uint64_t  host = t1 - t0 - fwd - smp - ring;
+    uint64_t  host = t1 - t0 - fwd - smp - ring - s->log_flush;
 
     fprintf(s->step_log, "step %llu t0_ns %llu t1_ns %llu seqs %u "
             "decode %u prefill %u sampled %u active %u fwd_ns %llu "
-            "sample_ns %llu ring_ns %llu ring_bytes %llu host_ns %llu\n",
+            "sample_ns %llu ring_ns %llu ring_bytes %llu host_ns %llu "
+            "flush_ns %llu\n",
             (unsigned long long) s->step, (unsigned long long) t0,
             (unsigned long long) t1, nb, n_dec, n_pf, ns, s->n_active,
             (unsigned long long) fwd, (unsigned long long) smp,
             (unsigned long long) ring, (unsigned long long) s->log_bytes,
-            (unsigned long long) host);
+            (unsigned long long) host, (unsigned long long) s->log_flush);
     s->step_log_dirty = 1;
 }
 
@@ -263,11 +279,13 @@ msv_sched_count_row(struct msv_sched *s, uint32_t mode, uint32_t bytes)
                               memory_order_relaxed);
     atomic_fetch_add_explicit(&s->c->row_bytes_by_mode[mode & 3], bytes,
                               memory_order_relaxed);
-    s->log_bytes += bytes;
 }
 
 
-/* Write one row into the open record.  0, or -1 if the ring gave up. */
+/*
+ * Write one row into the open record, after the rows still pending (a
+ * request's rows go out in order).  0, or -1 if the ring gave up.
+ */
 static int
 msv_sched_row(struct msv_sched *s, uint32_t slot, uint64_t cookie,
     int32_t token, uint32_t pos, uint32_t mode, const struct msv_sample_out *o,
@@ -276,6 +294,10 @@ msv_sched_row(struct msv_sched *s, uint32_t slot, uint64_t cookie,
     uint32_t         n_sup, n_lps, n_top, bytes;
     struct msv_row  *w;
     uint8_t         *p;
+
+    if (msv_sched_flush(s) != 0) {
+        return -1;
+    }
 
     n_sup = 0;
     n_lps = 0;
@@ -331,6 +353,7 @@ msv_sched_row(struct msv_sched *s, uint32_t slot, uint64_t cookie,
 
     msv_ring_commit(s->prod, bytes, 1);
     msv_sched_count_row(s, mode, bytes);
+    s->log_bytes += bytes;
     return 0;
 }
 
@@ -367,12 +390,16 @@ msv_sched_end(struct msv_sched *s, uint32_t slot, uint32_t from,
 }
 
 
-/* End a request: slot state first, then its last row in the record. */
+/* End a request: its rows still pending out, the slot state, then its
+ * last row in the record. */
 static int
 msv_sched_finish(struct msv_sched *s, uint32_t slot, uint32_t from,
     uint64_t cookie, int32_t token, uint32_t pos, uint32_t mode,
     const struct msv_sample_out *o, uint32_t finish, uint32_t why)
 {
+    if (msv_sched_flush(s) != 0) {
+        return -1;
+    }
     if (msv_sched_end(s, slot, from, token, pos, finish, why) != 0) {
         return 0;
     }
@@ -895,24 +922,25 @@ msv_sched_take(struct msv_sched *s, struct msv_seq *q,
 
 
 /*
- * Take a token sampled on the device, whose row `w` is already in the
- * ring's open record (not yet committed): history, finish conditions,
- * and the row's finish fields.
+ * Take a token sampled on the device: history, finish conditions, and
+ * the finish fields its row gets once its copy has landed (d).
  */
 static void
 msv_sched_take_row(struct msv_sched *s, struct msv_seq *q,
-    const struct msv_sample_res *r, struct msv_row *w)
+    const struct msv_sample_res *r, struct msv_sched_pend *d)
 {
     uint32_t  finish, pos = q->n_out;
+
+    d->finish = MSV_FINISH_NONE;
+    d->why = MSV_ABORT_NONE;
 
     if (r->token < 0) {
         msv_err("slot %u: sampler failed (every logit is -inf or NaN), "
                 "aborted", q->slot);
         (void) msv_sched_end(s, q->slot, MSV_SLOT_RUNNING, -1, pos,
                              MSV_FINISH_ABORT, MSV_ABORT_INTERNAL);
-        w->finish = MSV_FINISH_ABORT;
-        w->abort_reason = MSV_ABORT_INTERNAL;
-        w->mode = MSV_MASK_OFF;
+        d->finish = MSV_FINISH_ABORT;
+        d->why = MSV_ABORT_INTERNAL;
         return;
     }
 
@@ -921,7 +949,7 @@ msv_sched_take_row(struct msv_sched *s, struct msv_seq *q,
     if (finish != MSV_FINISH_NONE) {
         (void) msv_sched_end(s, q->slot, MSV_SLOT_RUNNING, r->token, pos,
                              finish, MSV_ABORT_NONE);
-        w->finish = (uint8_t) finish;
+        d->finish = (uint8_t) finish;
         return;
     }
 
@@ -931,16 +959,96 @@ msv_sched_take_row(struct msv_sched *s, struct msv_seq *q,
 
 
 /*
- * Sample the step's ns rows (s->srows) on the device, then move the
- * packed rows into the ring in runs as large as one reservation takes,
- * each copied by DMA straight into its reserved space; the finish
- * fields are filled in before the run is committed.
+ * Rows [pend_from, n_pend) once their copies have landed (sample_wait):
+ * only then may their finish fields be written (a copy still running
+ * would write over them) and the runs be committed and published.  An
+ * abort row goes out with mode off, as the CPU sampler writes it.
+ */
+static int
+msv_sched_land(struct msv_sched *s)
+{
+    uint32_t                k;
+    struct msv_sched_pend  *d;
+
+    if (s->ops->sample_wait(s->be, s->err, sizeof(s->err)) != 0) {
+        msv_ring_drop(s->prod);
+        s->pend_from = s->n_pend;
+        return -1;
+    }
+
+    for (k = s->pend_from; k < s->n_pend; k++) {
+        d = &s->pend[k];
+        d->w->finish = d->finish;
+        d->w->abort_reason = d->why;
+        if (d->finish == MSV_FINISH_ABORT) {
+            d->w->mode = MSV_MASK_OFF;
+        }
+    }
+
+    if (msv_ring_settle(s->prod) != 0) {
+        snprintf(s->err, sizeof(s->err), "output ring: rows %u..%u copied "
+                 "from the device are malformed, dropped", s->pend_from,
+                 s->n_pend - 1);
+        s->pend_from = s->n_pend;
+        return -1;
+    }
+
+    for (k = s->pend_from; k < s->n_pend; k++) {
+        msv_sched_count_row(s, s->pend[k].w->mode, s->pend[k].w->bytes);
+    }
+    s->pend_from = s->n_pend;
+    return 0;
+}
+
+
+/* Device rows given up on an error: once no copy writes into the ring
+ * any more, the ring forgets their space. */
+static void
+msv_sched_drop(struct msv_sched *s)
+{
+    char  err[256];
+
+    (void) s->ops->sample_wait(s->be, err, sizeof(err));
+    msv_ring_drop(s->prod);
+    s->pend_from = s->n_pend;
+}
+
+
+int
+msv_sched_flush(struct msv_sched *s)
+{
+    int       rc;
+    uint64_t  t;
+
+    if (s->pend_from == s->n_pend) {
+        return 0;
+    }
+
+    t = s->step_log != NULL ? msv_now_ns() : 0;
+    rc = msv_sched_land(s);
+    if (s->step_log != NULL) {
+        s->log_flush += msv_now_ns() - t;
+    }
+    return rc;
+}
+
+
+/*
+ * Sample the step's ns rows (s->srows) on the device.  The tokens go into
+ * the histories at once (the next forward needs them); the packed rows go
+ * into the ring in runs as large as one reservation takes, each copied by
+ * DMA straight into its space while the scheduler goes on.  The runs stay
+ * deferred in the ring until msv_sched_flush, after the next forward.
+ * The rows of the step before were flushed after this step's forward, so
+ * s->pend is free.
  */
 static int
 msv_sched_sample_device(struct msv_sched *s, uint32_t ns)
 {
+    int              rc;
     uint32_t         i, j, k, bytes;
-    uint8_t         *w, *p;
+    uint8_t         *p;
+    void            *w;
 
     if (s->ops->sample(s->be, s->srows, ns, s->sres, s->err,
                        sizeof(s->err)) != 0)
@@ -951,6 +1059,14 @@ msv_sched_sample_device(struct msv_sched *s, uint32_t ns)
         s->log_t_sampled = msv_now_ns();
     }
 
+    s->pend_from = 0;
+    s->n_pend = 0;
+    for (k = 0; k < ns; k++) {
+        msv_sched_take_row(s, &s->seqs[s->b_order[k]], &s->sres[k],
+                           &s->pend[k]);
+        s->log_bytes += s->sres[k].bytes;
+    }
+
     for (i = 0; i < ns; i = j) {
         bytes = s->sres[i].bytes;
         for (j = i + 1; j < ns && bytes + s->sres[j].bytes
@@ -958,25 +1074,34 @@ msv_sched_sample_device(struct msv_sched *s, uint32_t ns)
         {
             bytes += s->sres[j].bytes;
         }
-        w = msv_ring_reserve(s->prod, bytes);
-        if (w == NULL) {
+
+        rc = msv_ring_defer(s->prod, bytes, j - i, &w);
+        if (rc == 1) {
+            /* readers wait for the runs held back: those go out first,
+             * then this one waits for room as any row does */
+            if (msv_sched_land(s) != 0) {
+                return -1;
+            }
+            rc = msv_ring_defer(s->prod, bytes, j - i, &w);
+        }
+        if (rc != 0) {
             snprintf(s->err, sizeof(s->err),
                      "output ring: could not reserve %u bytes", bytes);
+            msv_sched_drop(s);
             return -1;
         }
+
         if (s->ops->sample_copy(s->be, i, j - i, w, s->err,
                                 sizeof(s->err)) != 0)
         {
+            msv_sched_drop(s);
             return -1;
         }
         for (k = i, p = w; k < j; k++) {
-            struct msv_row  *row = (struct msv_row *) p;
-
-            msv_sched_take_row(s, &s->seqs[s->b_order[k]], &s->sres[k], row);
-            msv_sched_count_row(s, row->mode, row->bytes);
-            p += row->bytes;
+            s->pend[k].w = (struct msv_row *) p;
+            p += s->sres[k].bytes;
         }
-        msv_ring_commit(s->prod, bytes, j - i);
+        s->n_pend = j;
     }
     return 0;
 }
@@ -1034,10 +1159,10 @@ int
 msv_sched_step(struct msv_sched *s)
 {
     int              did;
-    uint64_t         t0, t_f0, t_f1, t_s1, t_r1;
+    uint64_t         t0, t_f0, t_f1, t_x, t_s1, t_r1;
     uint32_t         i, nb, ns, ntok, budget, take, n_dec, n_smp;
 
-    t_f0 = t_f1 = t_s1 = t_r1 = 0;
+    t_f0 = t_f1 = t_x = t_s1 = t_r1 = 0;
     n_smp = 0;
     struct msv_seq  *q;
     struct msv_slot *sl;
@@ -1046,6 +1171,7 @@ msv_sched_step(struct msv_sched *s)
     did = 0;
     t0 = msv_now_ns();
     s->log_bytes = 0;
+    s->log_flush = 0;
     s->step++;
     msv_ring_begin(s->prod, s->step);
 
@@ -1081,6 +1207,9 @@ msv_sched_step(struct msv_sched *s)
 
     if (s->hold == MSV_HOLD_ALL) {
         /* paused with requests kept in place: nothing runs */
+        if (msv_sched_flush(s) != 0) {
+            return -1;
+        }
         msv_ring_end(s->prod);
         msv_sched_publish(s);
         return did;
@@ -1148,6 +1277,13 @@ msv_sched_step(struct msv_sched *s)
         }
         t_f1 = s->step_log != NULL ? msv_now_ns() : 0;
 
+        /* the last step's device rows were copied while the forward ran:
+         * they go out now, before this step's are made */
+        if (msv_sched_flush(s) != 0) {
+            return -1;
+        }
+        t_x = s->step_log != NULL ? msv_now_ns() : 0;
+
         /* sample every sequence whose prompt is complete, in parallel
          * (b_order: their slots); then take the tokens and write the rows
          * in batch order */
@@ -1195,14 +1331,17 @@ msv_sched_step(struct msv_sched *s)
         if (s->step_log != NULL) {
             t_r1 = msv_now_ns();
             /* no rows to sample: no sampling, no copy */
-            t_s1 = s->log_t_sampled != 0 ? s->log_t_sampled : t_f1;
+            t_s1 = s->log_t_sampled != 0 ? s->log_t_sampled : t_x;
             if (n_smp == 0) {
-                t_s1 = t_r1 = t_f1;
+                t_s1 = t_r1 = t_x;
             }
         }
 
         atomic_fetch_add_explicit(&s->c->steps, 1, memory_order_relaxed);
         msv_sched_histograms(s, msv_now_ns() - t0, nb);
+
+    } else if (msv_sched_flush(s) != 0) {
+        return -1;      /* no forward to run the copies beside */
     }
 
     msv_ring_end(s->prod);
@@ -1211,7 +1350,7 @@ msv_sched_step(struct msv_sched *s)
 
     if (s->step_log != NULL && nb > 0) {
         msv_sched_log_step(s, t0, msv_now_ns(), nb, n_dec, ntok - n_dec,
-                           n_smp, t_f1 - t_f0, t_s1 - t_f1, t_r1 - t_s1);
+                           n_smp, t_f1 - t_f0, t_s1 - t_x, t_r1 - t_s1);
     }
     if (s->step_log_dirty && s->n_active == 0) {
         /* idle: what was buffered goes out, for a reader of the file */
@@ -1256,9 +1395,14 @@ msv_sched_abort_all(struct msv_sched *s, uint32_t why)
 int
 msv_sched_abort_in_flight(struct msv_sched *s, uint32_t why, uint32_t *count)
 {
+    int               rc;
     uint32_t          i, st, n;
     struct msv_seq   *q;
     struct msv_slot  *sl;
+
+    /* the last step's rows before the aborts; if they are lost, the
+     * aborts still go out */
+    rc = msv_sched_flush(s);
 
     n = 0;
     s->step++;
@@ -1297,7 +1441,7 @@ msv_sched_abort_in_flight(struct msv_sched *s, uint32_t why, uint32_t *count)
     atomic_store_explicit(&s->c->running, 0, memory_order_relaxed);
     atomic_store_explicit(&s->c->preempted, 0, memory_order_relaxed);
     atomic_store_explicit(&s->c->waiting, 0, memory_order_relaxed);
-    return 0;
+    return rc;
 }
 
 

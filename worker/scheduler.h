@@ -20,6 +20,8 @@
 extern "C" {
 #endif
 
+struct msv_sched_pend;
+
 enum msv_seq_phase {
     MSV_SEQ_IDLE    = 0,
     MSV_SEQ_PREFILL = 1,     /* prompt not fully in the KV yet */
@@ -92,12 +94,21 @@ struct msv_sched {
     struct msv_sample_row          *srows;      /* [n_slots] */
     struct msv_sample_res          *sres;
 
+    /* rows [pend_from, n_pend) of the last device sample: in the ring,
+     * their copies started, their finish fields and commit still to come
+     * (msv_sched_flush) */
+    struct msv_sched_pend          *pend;       /* [n_slots] */
+    uint32_t                        pend_from;
+    uint32_t                        n_pend;
+
     /* --step-log: a line per step that ran the model (msv_sched_step_log) */
     FILE                           *step_log;
     char                           *step_log_buf;
     int                             step_log_dirty;
     uint64_t                        log_bytes;  /* ring bytes of the step */
     uint64_t                        log_t_sampled; /* sampling's end */
+    uint64_t                        log_flush;  /* ns of the step's
+                                                   msv_sched_flush */
 
     uint64_t                        step;
     uint64_t                        seed_state;
@@ -116,16 +127,33 @@ void msv_sched_free(struct msv_sched *s);
 /*
  * Sample on the backend's device from now on, when it can: logits then
  * never leave the device and each step's rows are copied straight into
- * the ring.  1 if it does, 0 if the backend has no device sampler or it
- * could not start (why says which), and the CPU sampler stays in use.
+ * the ring, the copy running beside the next step's forward (see
+ * msv_sched_flush).  1 if it does, 0 if the backend has no device
+ * sampler or it could not start (why says which), and the CPU sampler
+ * stays in use.
  */
 int msv_sched_device_sampler(struct msv_sched *s, char *why, size_t len);
 
 /*
+ * The rows of the last device sample whose copies into the ring may still
+ * run: wait for the copies, fill in their finish fields, commit and
+ * publish them.  A step does it itself right after its forward (which
+ * is what the copies ran beside), and before it writes any other row;
+ * the caller must do it before waiting for work with nothing runnable,
+ * and before acting on the worker between steps (a pause, a weight
+ * update), so that no row waits for a step that may not come.  Nothing
+ * to do (the CPU sampler, or nothing pending): returns at once.  0, or
+ * -1 with s->err set: a copy failed or its rows are malformed, and they
+ * were dropped, never published.
+ */
+int msv_sched_flush(struct msv_sched *s);
+
+/*
  * One scheduler iteration: admit submitted requests, honour cancels, run
- * one model step over the running sequences, sample, publish the rows.
- * Returns 1 if it did anything, 0 if there was nothing to do, -1 on a
- * fatal error (s->err).
+ * one model step over the running sequences, sample, publish the rows
+ * (with the device sampler: the last step's, after this forward; this
+ * step's copies go on until msv_sched_flush).  Returns 1 if it did
+ * anything, 0 if there was nothing to do, -1 on a fatal error (s->err).
  */
 int msv_sched_step(struct msv_sched *s);
 

@@ -218,6 +218,107 @@ hx_produce(struct msv_producer *p, uint64_t seq, uint32_t vocab,
 }
 
 
+/*
+ * Steps as the worker's device sampler makes them (msv_ring_defer): the
+ * rows' bytes land after their reservation, like the DMA copies that
+ * run beside the next forward.  A step's rows after its first are
+ * deferred in runs (each as many rows as max_row_bytes takes, as the
+ * scheduler forms them) and filled with a poison a reader must never
+ * see; they land (are written) and are settled only once the next step
+ * has begun, or when a run finds no room.
+ */
+#define HX_MAX_ROWS  300        /* the most hx_rows_in gives */
+
+struct hx_deferred {
+    uint64_t   seq;             /* step of the rows deferred */
+    uint32_t   first;           /* row index of the first of them */
+    uint32_t   n;               /* rows deferred */
+    uint32_t   landed;          /* rows written so far */
+    uint8_t   *at[HX_MAX_ROWS];
+    uint32_t   vocab, max_lp;
+    uint64_t   runs;            /* runs deferred, in all */
+    uint64_t   full;            /* of those, found no room at first */
+};
+
+
+/* The deferred rows land, then are settled (msv_sched_flush). */
+static inline int
+hx_land(struct msv_producer *p, struct hx_deferred *d)
+{
+    struct hx_spec  sp;
+
+    for ( ; d->landed < d->n; d->landed++) {
+        hx_spec_of(d->seq, d->first + d->landed, d->vocab, d->max_lp, &sp);
+        hx_fill(d->at[d->landed], d->seq, d->first + d->landed, &sp);
+    }
+    return msv_ring_settle(p);
+}
+
+
+/* Step seq: the last step's rows land after the begin, the first row is
+ * written in place, the others deferred.  0 or -1. */
+static inline int
+hx_produce_deferred(struct msv_producer *p, uint64_t seq,
+    struct hx_deferred *d)
+{
+    int             rc;
+    void           *at;
+    uint8_t        *w;
+    uint32_t        i, j, k, n = hx_rows_in(seq), bytes;
+    struct hx_spec  sp;
+
+    msv_ring_begin(p, seq);
+    if (hx_land(p, d) != 0) {
+        return -1;
+    }
+
+    hx_spec_of(seq, 0, d->vocab, d->max_lp, &sp);
+    w = msv_ring_reserve(p, sp.bytes);
+    if (w == NULL) {
+        return -1;
+    }
+    hx_fill(w, seq, 0, &sp);
+    msv_ring_commit(p, sp.bytes, 1);
+
+    d->seq = seq;
+    d->first = 1;
+    d->n = d->landed = 0;
+    for (i = 1; i < n; i = j) {
+        hx_spec_of(seq, i, d->vocab, d->max_lp, &sp);
+        bytes = sp.bytes;
+        for (j = i + 1; j < n; j++) {
+            hx_spec_of(seq, j, d->vocab, d->max_lp, &sp);
+            if (bytes + sp.bytes > p->c->max_row_bytes) {
+                break;
+            }
+            bytes += sp.bytes;
+        }
+
+        rc = msv_ring_defer(p, bytes, j - i, &at);
+        if (rc == 1) {
+            d->full++;
+            if (hx_land(p, d) != 0) {
+                return -1;
+            }
+            rc = msv_ring_defer(p, bytes, j - i, &at);
+        }
+        if (rc != 0) {
+            return -1;
+        }
+        d->runs++;
+
+        memset(at, 0xa5, bytes);
+        for (k = i, w = at; k < j; k++) {
+            hx_spec_of(seq, k, d->vocab, d->max_lp, &sp);
+            d->at[d->n++] = w;
+            w += sp.bytes;
+        }
+    }
+    msv_ring_end(p);
+    return 0;
+}
+
+
 /* A consumer's place in the stream of steps. */
 struct hx_cursor {
     uint64_t  seq;          /* step expected next */
@@ -394,6 +495,35 @@ hw_await_readers(struct hw *w, uint32_t n)
         hw_service(w);
         nanosleep(&ts, NULL);
     }
+    return 0;
+}
+
+
+/* This process as reader entry i, admitted the way the worker does it. */
+static inline int
+hw_self_attach(struct hw *w, uint32_t i, struct msv_consumer *k)
+{
+    uint64_t            word, tail;
+    struct msv_hello    h;
+    struct msv_reader  *r = msv_reader_at(w->rg.ctrl, i);
+
+    word = 0;
+    if (!atomic_compare_exchange_strong(&r->state, &word,
+            MSV_STATE_WORD(getpid(), MSV_READER_CLAIMED)))
+    {
+        return -1;
+    }
+    memset(&h, 0, sizeof(h));
+    h.magic = MSV_HELLO_MAGIC;
+    h.reader = i;
+    h.generation = w->rg.ctrl->generation;
+    h.pid = (int32_t) getpid();
+    if (msv_reader_admit(w->rg.ctrl, &h, atomic_load(&w->rg.ctrl->head),
+                         &tail) != 0)
+    {
+        return -1;
+    }
+    msv_consumer_init(k, w->rg.ctrl, i, tail);
     return 0;
 }
 

@@ -7,7 +7,10 @@
  * min_tokens, every mask mode and top logprobs; at the real vocabulary
  * size (151,936) and an odd one.  Tokens, supports and top ids must be
  * identical; logprobs within 2e-6 (absolute, or relative when larger).
- * The packed rows are parsed as a ring reader would.
+ * The packed rows are parsed as a ring reader would.  And a copy of the
+ * packed rows still running when the next run packs over them (as in the
+ * worker, where the copy runs beside the next forward) lands what the
+ * first run packed.
  *
  * Without CUDA in the build, or without a GPU, the test says so and
  * skips (TAP "1..0 # SKIP").
@@ -289,6 +292,9 @@ run_vocab(uint32_t V)
         if (rc == 0) {
             rc = msv_gsampler_copy(g, 0, ROWS, pack, err, sizeof(err));
         }
+        if (rc == 0) {
+            rc = msv_gsampler_wait(g, err, sizeof(err));
+        }
         if (!tap_ok(rc == 0, "V %u step %u: GPU run (%s)", V, t,
                     rc == 0 ? "ok" : err))
         {
@@ -344,6 +350,148 @@ run_vocab(uint32_t V)
 }
 
 
+/*
+ * A run's rows copied into registered memory while the next run, on other
+ * logits, packs: the copy must land the first run's bytes.  The rows are
+ * the largest there are (support mode over every id: 8 bytes an id), so
+ * the copy (COPY_ROWS x 1.2 MB at 151,936 ids) outlasts the second run's
+ * sampling by far and a packing that did not wait would write over what
+ * is still being copied.  The reference is the first run again, alone.
+ */
+#define COPY_ROWS  48
+
+static void *
+registered(size_t bytes)
+{
+    void  *p;
+    char   err[256];
+
+    if (posix_memalign(&p, 4096, bytes) != 0) {
+        return NULL;
+    }
+    memset(p, 0, bytes);
+    if (msv_cuda_host_register(p, bytes, err, sizeof(err)) != 0) {
+        tap_diag("%s", err);
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static int
+run_copy(struct msv_gsampler *g, float *d, const struct msv_sample_row *sr,
+    struct msv_sample_res *res, uint8_t *dst, int wait, size_t *bytes)
+{
+    uint32_t  i;
+    char      err[256];
+
+    if (msv_gsampler_run(g, d, sr, COPY_ROWS, res, err, sizeof(err)) != 0
+        || msv_gsampler_copy(g, 0, COPY_ROWS, dst, err, sizeof(err)) != 0
+        || (wait && msv_gsampler_wait(g, err, sizeof(err)) != 0))
+    {
+        tap_diag("%s", err);
+        return -1;
+    }
+    *bytes = 0;
+    for (i = 0; i < COPY_ROWS; i++) {
+        *bytes += res[i].bytes;
+    }
+    return 0;
+}
+
+static void
+copy_beside_run(uint32_t V)
+{
+    struct msv_gsampler    *g;
+    struct msv_params       p;
+    struct msv_sample_row   sa[COPY_ROWS], sb[COPY_ROWS];
+    struct msv_sample_res   res[COPY_ROWS];
+    float                  *ha, *hb, *da, *db;
+    uint8_t                *x, *y, *z;
+    size_t                  cap, na, ny, nz, lb;
+    uint32_t                i;
+    char                    err[256];
+    int                     rc;
+
+    memset(&p, 0, sizeof(p));
+    p.max_tokens = 16;
+    p.temperature = 1.0f;
+    p.top_p = 1.0f;
+    p.repetition_penalty = 1.0f;
+    p.mask_mode = MSV_MASK_SUPPORT;
+    p.logprobs = -1;
+
+    memset(sa, 0, sizeof(sa));
+    memset(sb, 0, sizeof(sb));
+    for (i = 0; i < COPY_ROWS; i++) {
+        sa[i].row = sb[i].row = i;
+        sa[i].slot = i;
+        sb[i].slot = COPY_ROWS + i;         /* no state changes hands */
+        sa[i].cookie = 500 + i;
+        sb[i].cookie = 900 + i;
+        sa[i].rq.p = sb[i].rq.p = &p;
+        sa[i].rq.seed = 31 + i;
+        sb[i].rq.seed = 77 + i;
+    }
+
+    cap = (size_t) COPY_ROWS * msv_row_size(V, V, 0);
+    lb = (size_t) COPY_ROWS * V * sizeof(float);
+    g = msv_gsampler_new(V, COPY_ROWS, 2 * COPY_ROWS, 0, NULL, err,
+                         sizeof(err));
+    ha = malloc(lb);
+    hb = malloc(lb);
+    x = registered(cap);
+    y = registered(cap);
+    z = registered(cap);
+    da = db = NULL;
+    if (!tap_ok(g != NULL && ha != NULL && hb != NULL && x != NULL
+                && y != NULL && z != NULL
+                && cudaMalloc((void **) &da, lb) == cudaSuccess
+                && cudaMalloc((void **) &db, lb) == cudaSuccess,
+                "V %u: copy beside the next run: set up", V))
+    {
+        return;
+    }
+    for (i = 0; i < COPY_ROWS; i++) {
+        fill_logits(ha + (size_t) i * V, V, 0);
+        fill_logits(hb + (size_t) i * V, V, 1);
+    }
+
+    /* both uploaded first (a run changes its logits in place): nothing
+     * but B's run comes between A's copy starting and B's packing */
+    cudaMemcpy(da, ha, lb, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, hb, lb, cudaMemcpyHostToDevice);
+    rc = run_copy(g, da, sa, res, x, 0, &na);
+    rc = rc == 0 ? run_copy(g, db, sb, res, z, 1, &nz) : rc;
+
+    /* the reference: A again, alone */
+    cudaMemcpy(da, ha, lb, cudaMemcpyHostToDevice);
+    rc = rc == 0 ? run_copy(g, da, sa, res, y, 1, &ny) : rc;
+
+    tap_ok(rc == 0 && na == ny && na == cap && nz == cap,
+           "V %u: %u rows of %u ids, %zu bytes copied each run", V,
+           COPY_ROWS, V, na);
+    tap_ok(rc == 0 && memcmp(x, z, cap) != 0,
+           "V %u: the second run packed other bytes (the check can fail)",
+           V);
+    tap_ok(rc == 0 && memcmp(x, y, cap) == 0,
+           "V %u: the copy running while the next run packed landed the "
+           "first run's rows, byte for byte", V);
+
+    msv_cuda_host_unregister(x);
+    msv_cuda_host_unregister(y);
+    msv_cuda_host_unregister(z);
+    free(x);
+    free(y);
+    free(z);
+    free(ha);
+    free(hb);
+    cudaFree(da);
+    cudaFree(db);
+    msv_gsampler_free(g);
+}
+
+
 int
 main(void)
 {
@@ -353,8 +501,10 @@ main(void)
     }
     if (getenv("MSV_GS_QUICK") != NULL) {      /* under a memory checker */
         run_vocab(4099);
+        copy_beside_run(4099);
         return tap_done();
     }
+    copy_beside_run(151936);
     run_vocab(151936);
     run_vocab(4099);
     run_vocab(32003);
