@@ -60,13 +60,14 @@ static ngx_uint_t   ngx_http_maskserve_fmt_any;
 
 /*
  * The pass over the ring being formatted, from its first mask row: the
- * thread's CPU time and the wall time then, and its rows' times, which
- * count when it ends (ngx_http_maskserve_output_take)
+ * thread's CPU time, the wall time and the tick then, and its rows' times
+ * in ticks, which count when it ends (ngx_http_maskserve_output_take)
  */
 static ngx_uint_t   ngx_http_maskserve_pass_open;
 static uint64_t     ngx_http_maskserve_pass_cpu;
 static uint64_t     ngx_http_maskserve_pass_wall;
-static uint64_t     ngx_http_maskserve_pass_ns[NGX_HTTP_MASKSERVE_FMT_N][2];
+static uint64_t     ngx_http_maskserve_pass_tick;
+static uint64_t     ngx_http_maskserve_pass_ticks[NGX_HTTP_MASKSERVE_FMT_N][2];
 
 
 static ngx_chain_t *ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx,
@@ -262,16 +263,19 @@ nomem:
 
 /*
  * The row's mask, timed and counted: the one place where every mask row
- * is formatted, in either form.  The clock (CLOCK_MONOTONIC, through the
- * vDSO) is read three times a row, about 70 ns in all: under 1% of
- * formatting a 1000-id JSON row.  The ids (packed: with the row's length)
- * and the logprobs are timed apart, as their rates differ fourfold.
+ * is formatted, in either form.  The clock is read three times a row
+ * (ngx_http_maskserve_output_tick: the time-stamp counter, about 10 ns a read on
+ * x86-64, where CLOCK_MONOTONIC takes 24 ns through the vDSO and a system
+ * call, some hundreds of ns, on hosts whose kernel clock has no vDSO
+ * path).  The ids (packed: with the row's length) and the logprobs are
+ * timed apart, as their rates differ fourfold.
  *
- * Wall time also counts while the process is preempted, which on a busy
- * host can be most of it.  So the pass over the ring is timed too, once
- * (the thread's CPU time costs a system call, 0.5 us): at its end the
- * rows' times are scaled by the share of the pass the process was on a
- * CPU (1 when it was never preempted).
+ * The ticks become nanoseconds at the end of the pass over the ring,
+ * which is timed once with CLOCK_MONOTONIC (and the tick).  Wall time
+ * also counts while the process is preempted, which on a busy host can be
+ * most of it, so the pass is also timed with the thread's CPU time (a
+ * system call, 0.5 us): the rows' times are scaled by the share of the
+ * pass the process was on a CPU (1 when it was never preempted).
  */
 
 static ngx_int_t
@@ -292,9 +296,10 @@ ngx_http_maskserve_row_mask(ngx_http_maskserve_ctx_t *ctx,
             ngx_http_maskserve_clock(CLOCK_THREAD_CPUTIME_ID);
         ngx_http_maskserve_pass_wall =
             ngx_http_maskserve_clock(CLOCK_MONOTONIC);
+        ngx_http_maskserve_pass_tick = ngx_http_maskserve_output_tick();
     }
 
-    t0 = ngx_http_maskserve_clock(CLOCK_MONOTONIC);
+    t0 = ngx_http_maskserve_output_tick();
 
     rc = ctx->packed ? ngx_http_maskserve_ids_packed(ctx, ch, w)
                      : ngx_http_maskserve_ids_json(ctx, ch, w);
@@ -302,7 +307,7 @@ ngx_http_maskserve_row_mask(ngx_http_maskserve_ctx_t *ctx,
         return rc;
     }
 
-    t1 = ngx_http_maskserve_clock(CLOCK_MONOTONIC);
+    t1 = ngx_http_maskserve_output_tick();
 
     rc = ctx->packed ? ngx_http_maskserve_lps_packed(ctx, ch, w)
                      : ngx_http_maskserve_lps_json(ctx, ch, w);
@@ -310,7 +315,7 @@ ngx_http_maskserve_row_mask(ngx_http_maskserve_ctx_t *ctx,
         return rc;
     }
 
-    t2 = ngx_http_maskserve_clock(CLOCK_MONOTONIC);
+    t2 = ngx_http_maskserve_output_tick();
 
     f = ctx->packed ? NGX_HTTP_MASKSERVE_FMT_PACKED
                     : NGX_HTTP_MASKSERVE_FMT_JSON;
@@ -319,8 +324,8 @@ ngx_http_maskserve_row_mask(ngx_http_maskserve_ctx_t *ctx,
     c->ids += w->n_support;
     c->floats += w->n_lps;
     c->bytes += ngx_http_maskserve_mask_bytes(ctx, ch) - b0;
-    ngx_http_maskserve_pass_ns[f][0] += t1 - t0;
-    ngx_http_maskserve_pass_ns[f][1] += t2 - t1;
+    ngx_http_maskserve_pass_ticks[f][0] += t1 - t0;
+    ngx_http_maskserve_pass_ticks[f][1] += t2 - t1;
     ngx_http_maskserve_fmt_any = 1;
 
     return NGX_OK;
@@ -336,6 +341,7 @@ ngx_http_maskserve_clock(clockid_t clock)
 
     return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+
 
 
 /*
@@ -361,9 +367,9 @@ ngx_http_maskserve_mask_bytes(ngx_http_maskserve_ctx_t *ctx,
 ngx_uint_t
 ngx_http_maskserve_output_take(ngx_http_maskserve_fmt_count_t *out)
 {
-    double      on;
-    uint64_t    cpu, wall;
-    ngx_uint_t  f;
+    double      ns;
+    uint64_t    cpu, wall, ticks;
+    ngx_uint_t  f, a;
 
     if (!ngx_http_maskserve_fmt_any) {
         return 0;
@@ -375,17 +381,27 @@ ngx_http_maskserve_output_take(ngx_http_maskserve_fmt_count_t *out)
               - ngx_http_maskserve_pass_cpu;
         wall = ngx_http_maskserve_clock(CLOCK_MONOTONIC)
                - ngx_http_maskserve_pass_wall;
-        on = wall > cpu ? (double) cpu / (double) wall : 1.0;
+        ticks = ngx_http_maskserve_output_tick() - ngx_http_maskserve_pass_tick;
+
+        /* ns a tick over the pass, by the share of it spent on a CPU */
+        ns = ticks ? (double) ngx_min(cpu, wall) / (double) ticks : 0.0;
 
         for (f = 0; f < NGX_HTTP_MASKSERVE_FMT_N; f++) {
+            for (a = 0; a < 2; a++) {
+                /* a counter that went back (another CPU's) counts none */
+                if (ngx_http_maskserve_pass_ticks[f][a] > ticks) {
+                    ngx_http_maskserve_pass_ticks[f][a] = 0;
+                }
+            }
+
             ngx_http_maskserve_fmt[f].ids_ns +=
-                (uint64_t) (ngx_http_maskserve_pass_ns[f][0] * on + 0.5);
+                (uint64_t) (ngx_http_maskserve_pass_ticks[f][0] * ns + 0.5);
             ngx_http_maskserve_fmt[f].floats_ns +=
-                (uint64_t) (ngx_http_maskserve_pass_ns[f][1] * on + 0.5);
+                (uint64_t) (ngx_http_maskserve_pass_ticks[f][1] * ns + 0.5);
         }
 
-        ngx_memzero(ngx_http_maskserve_pass_ns,
-                    sizeof(ngx_http_maskserve_pass_ns));
+        ngx_memzero(ngx_http_maskserve_pass_ticks,
+                    sizeof(ngx_http_maskserve_pass_ticks));
         ngx_http_maskserve_pass_open = 0;
     }
 
