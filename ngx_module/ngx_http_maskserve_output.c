@@ -101,8 +101,10 @@ static ngx_int_t ngx_http_maskserve_top_packed(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_choice_t *ch, const struct msv_row *w);
 static ngx_int_t ngx_http_maskserve_sec_b64(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const void *src, size_t n);
-static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec);
-static void ngx_http_maskserve_choice_reset(ngx_http_maskserve_choice_t *ch);
+static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec);
+static void ngx_http_maskserve_choice_reset(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch);
 static ngx_uint_t ngx_http_maskserve_choice_pending(
     ngx_http_maskserve_choice_t *ch);
 static ngx_int_t ngx_http_maskserve_compose_choice(
@@ -140,7 +142,7 @@ ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx)
 
     for (i = 0; i < ctx->n_choices; i++) {
         ctx->choices[i].index = i;
-        ngx_http_maskserve_choice_reset(&ctx->choices[i]);
+        ngx_http_maskserve_choice_reset(ctx, &ctx->choices[i]);
     }
 
     ctx->buf_size = ctx->stream && !ctx->packed
@@ -699,7 +701,7 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     /* the sections now belong to the chain */
 
     for (i = 0; i < ctx->n_choices; i++) {
-        ngx_http_maskserve_choice_reset(&ctx->choices[i]);
+        ngx_http_maskserve_choice_reset(ctx, &ctx->choices[i]);
     }
 
     ctx->pending = 0;
@@ -1282,28 +1284,36 @@ ngx_http_maskserve_sec_b64(ngx_http_maskserve_ctx_t *ctx,
 
 
 static void
-ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec)
+ngx_http_maskserve_sec_reset(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec)
 {
     sec->first = NULL;
     sec->last = &sec->first;
     sec->buf = NULL;
     sec->bytes = 0;
     sec->count = 0;
-    msv_b64_init(&sec->b64);
+
+    /*
+     * A body is sent when the request ends, long after its base64 was
+     * written, and by then it is out of the caches anyway: written around
+     * them.  A stream event goes out at the end of the pass.
+     */
+    msv_b64_init(&sec->b64, !ctx->stream);
 }
 
 
 static void
-ngx_http_maskserve_choice_reset(ngx_http_maskserve_choice_t *ch)
+ngx_http_maskserve_choice_reset(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch)
 {
-    ngx_http_maskserve_sec_reset(&ch->ids);
-    ngx_http_maskserve_sec_reset(&ch->mask);
-    ngx_http_maskserve_sec_reset(&ch->mlps);
-    ngx_http_maskserve_sec_reset(&ch->lpc);
-    ngx_http_maskserve_sec_reset(&ch->mlen);
-    ngx_http_maskserve_sec_reset(&ch->tlen);
-    ngx_http_maskserve_sec_reset(&ch->tids);
-    ngx_http_maskserve_sec_reset(&ch->tlps);
+    ngx_http_maskserve_sec_reset(ctx, &ch->ids);
+    ngx_http_maskserve_sec_reset(ctx, &ch->mask);
+    ngx_http_maskserve_sec_reset(ctx, &ch->mlps);
+    ngx_http_maskserve_sec_reset(ctx, &ch->lpc);
+    ngx_http_maskserve_sec_reset(ctx, &ch->mlen);
+    ngx_http_maskserve_sec_reset(ctx, &ch->tlen);
+    ngx_http_maskserve_sec_reset(ctx, &ch->tids);
+    ngx_http_maskserve_sec_reset(ctx, &ch->tlps);
 }
 
 
