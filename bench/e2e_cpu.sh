@@ -22,6 +22,8 @@
 #   THREADS        CPU backend threads (default: half the cores, at least 1)
 #   NGINX_WORKERS  nginx worker processes (1)
 #   RESULTS        where to append (bench/results/e2e_cpu.md; "-": stdout)
+#   MODULE_SO      the module to load (default: the one `make module` builds
+#                  in B), to compare two builds of it with the rest the same
 #
 # Exit status: 0 when every response was valid, 1 otherwise (the numbers
 # are recorded either way, marked as failed).
@@ -69,6 +71,7 @@ so="$root/$B/nginx/src/objs/ngx_http_maskserve_module.so"
 case "$B" in
 /*) so="$B/nginx/src/objs/ngx_http_maskserve_module.so" ;;
 esac
+so=${MODULE_SO:-$so}
 [ -f "$so" ] || die "$so was not built"
 
 # ---------------------------------------------------------------- start
@@ -181,6 +184,11 @@ http {
 
         location = /health {
             maskserve_health;
+        }
+
+        # e2e_load --metrics /metrics: what nginx formatted, and how fast
+        location = /metrics {
+            maskserve_metrics;
         }
     }
 }
@@ -295,6 +303,9 @@ record() {
          "temperature 1, a seed per request; $REQUESTS requests per run," \
          "measured over the run's steady window; modes interleaved," \
          "medians of $REPEATS runs"
+    if [ -n "${MODULE_SO:-}" ]; then
+        echo "- module: \`$so\`"
+    fi
     echo "- worker counters after the runs: \`$stats\`"
     echo
     cat "$out"

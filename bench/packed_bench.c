@@ -15,14 +15,18 @@
  *   b64         msv_b64_put alone, from the rows into one flat buffer per
  *               array (lengths, ids, logprobs), as the module feeds it;
  *               b64-portable the same without the vector path
- *   b64-clock   b64 with CLOCK_MONOTONIC read three times a row, as the
+ *   b64-clock   b64 with the clock read three times a row, as the
  *               module's formatting counters do
+ *               (ngx_http_maskserve_output_tick)
  *   evict       a pass over 64 MB of other memory, which leaves neither
  *               the rows nor the output in the CPU's caches
  *   b64-cold    evict, then b64: rows and output come from memory, as in
  *               nginx when the worker wrote the rows on another core and
  *               the output buffers were last touched many bodies ago
  *               (subtract evict for the encoding's share)
+ *   b64-around, b64-cold-around
+ *               b64 and b64-cold with the text written around the cache
+ *               (msv_b64_init), as the module writes a non-streaming body
  *   b64-fresh   b64 into pages just mapped: every output page faults in,
  *               as a body's buffers do when malloc takes them anew from
  *               the kernel (the unmapping included)
@@ -276,22 +280,15 @@ stage_copy(bench_rows_t *rs, int packed)
 }
 
 
-static uint64_t
-mono_ns(void)
-{
-    struct timespec  ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-
 static volatile uint64_t  clock_sink;
 
-/* the three strings side by side from out; clocks: read as the module */
+/*
+ * the three strings side by side from out; clocks: read as the module;
+ * around: written around the cache, as the module writes a body
+ */
 
 static size_t
-b64_rows(bench_rows_t *rs, char *out, int clocks)
+b64_rows(bench_rows_t *rs, char *out, int clocks, int around)
 {
     char       *l, *d, *v, *l0, *d0, *v0;
     int32_t     n;
@@ -303,25 +300,25 @@ b64_rows(bench_rows_t *rs, char *out, int clocks)
     d0 = d = l0 + msv_b64_len(4 * N_ROWS) + 64;
     v0 = v = d0 + msv_b64_len(rs->data / 2) + 64;
 
-    msv_b64_init(&sl);
-    msv_b64_init(&sd);
-    msv_b64_init(&sv);
+    msv_b64_init(&sl, around);
+    msv_b64_init(&sd, around);
+    msv_b64_init(&sv, around);
 
     t = 0;
 
     for (i = 0; i < N_ROWS; i++) {
         n = (int32_t) rs->row[i]->n_support;
         if (clocks) {
-            t += mono_ns();
+            t += ngx_http_maskserve_output_tick();
         }
         l = msv_b64_put(&sl, l, &n, 4);
         d = msv_b64_put(&sd, d, msv_row_ids(rs->row[i]), 4 * (size_t) n);
         if (clocks) {
-            t += mono_ns();
+            t += ngx_http_maskserve_output_tick();
         }
         v = msv_b64_put(&sv, v, msv_row_lps(rs->row[i]), 4 * (size_t) n);
         if (clocks) {
-            t += mono_ns();
+            t += ngx_http_maskserve_output_tick();
         }
     }
 
@@ -338,14 +335,21 @@ b64_rows(bench_rows_t *rs, char *out, int clocks)
 static size_t
 stage_b64(bench_rows_t *rs, int packed)
 {
-    return b64_rows(rs, rs->flat, 0);
+    return b64_rows(rs, rs->flat, 0, 0);
+}
+
+
+static size_t
+stage_b64_around(bench_rows_t *rs, int packed)
+{
+    return b64_rows(rs, rs->flat, 0, 1);
 }
 
 
 static size_t
 stage_b64_clock(bench_rows_t *rs, int packed)
 {
-    return b64_rows(rs, rs->flat, 1);
+    return b64_rows(rs, rs->flat, 1, 0);
 }
 
 
@@ -370,7 +374,16 @@ stage_b64_cold(bench_rows_t *rs, int packed)
 {
     (void) stage_evict(rs, packed);
 
-    return b64_rows(rs, rs->flat, 0);
+    return b64_rows(rs, rs->flat, 0, 0);
+}
+
+
+static size_t
+stage_b64_cold_around(bench_rows_t *rs, int packed)
+{
+    (void) stage_evict(rs, packed);
+
+    return b64_rows(rs, rs->flat, 0, 1);
 }
 
 
@@ -387,7 +400,7 @@ stage_b64_fresh(bench_rows_t *rs, int packed)
         exit(1);
     }
 
-    n = b64_rows(rs, out, 0);
+    n = b64_rows(rs, out, 0, 0);
 
     munmap(out, rs->flat_size);
 
@@ -1250,6 +1263,8 @@ static const bench_stage_t  stages[] = {
     { "b64-clock", stage_b64_clock, 1 },
     { "evict", stage_evict, 1 },
     { "b64-cold", stage_b64_cold, 1 },
+    { "b64-around", stage_b64_around, 1 },
+    { "b64-cold-around", stage_b64_cold_around, 1 },
     { "b64-fresh", stage_b64_fresh, 1 },
     { "module-packed", stage_module, 1 },
     { "module-json", stage_module, 0 },

@@ -5,7 +5,7 @@
  * The input after its first byte is the data.  It is encoded in pieces
  * whose sizes come from a generator seeded by the first byte, once through
  * the portable code and once through the vector path where the CPU has
- * it, into a buffer of exactly msv_b64_len bytes (so that a store past it
+ * it (writing around the cache when the first byte is odd), into a buffer of exactly msv_b64_len bytes (so that a store past it
  * is reported): both must equal a plain one-shot reference encoder, every
  * piece must stay within msv_b64_put_max, and the text must decode back to
  * the data.  The input is also given to the decoder as text: when it is
@@ -47,7 +47,8 @@ msv_fz_encode(const uint8_t *in, size_t n, unsigned seed, const char *ref)
     back = malloc(n ? n : 1);
     msv_fz_check(out != NULL && back != NULL);
 
-    msv_b64_init(&s);
+    /* the seed's low bit: write around the cache */
+    msv_b64_init(&s, (int) (seed & 1));
     p = out;
     r = seed * 2654435761u + 1;
 

@@ -8,7 +8,8 @@
  * reported) and parsed back with strtof/strtoll/strtoull; then the whole
  * run is written as a "[...]" array with msv_json_f32s or msv_json_ids
  * into a buffer of exactly msv_json_*_max(n) bytes and read back item by
- * item.  Float text must also follow the documented format: at most 15
+ * item, by the scalar writers and by the vector path, which must write
+ * the same text.  Float text must also follow the documented format: at most 15
  * characters, "null" exactly for NaN and infinities, a fraction part or
  * an exponent so that every reader takes it for a float.
  */
@@ -114,9 +115,10 @@ msv_fz_scalars(const uint8_t *d, size_t n, unsigned kind)
 }
 
 
-/* Read back "[a,b,...]" item by item. */
-static void
-msv_fz_arrays(const uint8_t *d, uint32_t n, int floats)
+/* Read back "[a,b,...]" item by item; returns the text (freed by the
+ * caller) and its length. */
+static char *
+msv_fz_array(const uint8_t *d, uint32_t n, int floats, size_t *len)
 {
     char      *buf, *end, *p, *q, tmp[32];
     size_t     max;
@@ -163,7 +165,32 @@ msv_fz_arrays(const uint8_t *d, uint32_t n, int floats)
         p = q + 1;
     }
     msv_fz_check(n > 0 ? p == end : end - buf == 2);
-    free(buf);
+
+    *len = (size_t) (end - buf);
+    return buf;
+}
+
+
+/*
+ * The array through the scalar writers and, where the CPU has it, the
+ * vector path (msv_json_simd): both read back, with the same text.
+ */
+static void
+msv_fz_arrays(const uint8_t *d, uint32_t n, int floats)
+{
+    char    *a, *b;
+    size_t   na, nb;
+
+    msv_json_simd(0);
+    a = msv_fz_array(d, n, floats, &na);
+
+    if (msv_json_simd(1)) {
+        b = msv_fz_array(d, n, floats, &nb);
+        msv_fz_check(na == nb && memcmp(a, b, na) == 0);
+        free(b);
+    }
+
+    free(a);
 }
 
 

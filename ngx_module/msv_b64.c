@@ -14,9 +14,12 @@
  * per group, the four 6-bit values moved into place with two multiplies,
  * and turned into characters by adding an offset looked up per range
  * (W. Mula and D. Lemire, "Faster Base64 Encoding and Decoding Using AVX2
- * Instructions", ACM TWEB 12(3), 2018).  Both paths write the same text.
+ * Instructions", ACM TWEB 12(3), 2018).  A stream that writes around the
+ * cache (msv_b64_init) stores the whole 64-byte lines of long pieces with
+ * non-temporal stores.  Every path writes the same text.
  */
 
+#include <stdint.h>
 #include <string.h>
 
 #include "msv_b64.h"
@@ -117,20 +120,18 @@ msv_b64_steps(char *p, const uint8_t **src, size_t *n)
 
 #if (MSV_B64_AVX2)
 
+#define MSV_B64_AROUND_MIN  1024    /* pieces written around the cache */
+
 /*
- * 24 bytes a step, while at least 28 are left (each lane's 16-byte load
- * reads 4 bytes past the 12 it encodes).  As msv_b64_steps.
+ * The 32 characters of the 24 bytes at b (each lane's 16-byte load reads
+ * 4 bytes past the 12 it encodes).
  */
 
-__attribute__((target("avx2")))
-static char *
-msv_b64_steps_avx2(char *p, const uint8_t **src, size_t *n)
+__attribute__((target("avx2"), always_inline))
+static inline __m256i
+msv_b64_enc24_avx2(const uint8_t *b)
 {
-    size_t          k;
-    __m256i         in, t0, t1, t2, t3, idx, lut, sel, spread;
-    const uint8_t  *b;
-
-    b = *src;
+    __m256i  in, t0, t1, t2, t3, idx, lut, sel, spread;
 
     /* per group b0 b1 b2: the 32-bit word b1 b0 b2 b1 (little-endian) */
     spread = _mm256_setr_epi8(
@@ -142,30 +143,70 @@ msv_b64_steps_avx2(char *p, const uint8_t **src, size_t *n)
         65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0,
         65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0);
 
-    for (k = *n; k >= 28; k -= 24) {
-        in = _mm256_inserti128_si256(
-                 _mm256_castsi128_si256(
-                     _mm_loadu_si128((const __m128i *) b)),
-                 _mm_loadu_si128((const __m128i *) (b + 12)), 1);
+    in = _mm256_inserti128_si256(
+             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) b)),
+             _mm_loadu_si128((const __m128i *) (b + 12)), 1);
 
-        in = _mm256_shuffle_epi8(in, spread);
+    in = _mm256_shuffle_epi8(in, spread);
 
-        /* the four 6-bit values of each group, one per byte, in order */
-        t0 = _mm256_and_si256(in, _mm256_set1_epi32(0x0fc0fc00));
-        t1 = _mm256_mulhi_epu16(t0, _mm256_set1_epi32(0x04000040));
-        t2 = _mm256_and_si256(in, _mm256_set1_epi32(0x003f03f0));
-        t3 = _mm256_mullo_epi16(t2, _mm256_set1_epi32(0x01000010));
-        idx = _mm256_or_si256(t1, t3);
+    /* the four 6-bit values of each group, one per byte, in order */
+    t0 = _mm256_and_si256(in, _mm256_set1_epi32(0x0fc0fc00));
+    t1 = _mm256_mulhi_epu16(t0, _mm256_set1_epi32(0x04000040));
+    t2 = _mm256_and_si256(in, _mm256_set1_epi32(0x003f03f0));
+    t3 = _mm256_mullo_epi16(t2, _mm256_set1_epi32(0x01000010));
+    idx = _mm256_or_si256(t1, t3);
 
-        /* 0-25: 0, 26-51: 1, 52-61: 2-11, 62: 12, 63: 13 */
-        sel = _mm256_subs_epu8(idx, _mm256_set1_epi8(51));
-        sel = _mm256_sub_epi8(sel,
-                              _mm256_cmpgt_epi8(idx, _mm256_set1_epi8(25)));
+    /* 0-25: 0, 26-51: 1, 52-61: 2-11, 62: 12, 63: 13 */
+    sel = _mm256_subs_epu8(idx, _mm256_set1_epi8(51));
+    sel = _mm256_sub_epi8(sel, _mm256_cmpgt_epi8(idx, _mm256_set1_epi8(25)));
 
-        _mm256_storeu_si256((__m256i *) p,
-                            _mm256_add_epi8(idx,
-                                            _mm256_shuffle_epi8(lut, sel)));
+    return _mm256_add_epi8(idx, _mm256_shuffle_epi8(lut, sel));
+}
 
+
+/*
+ * 24 bytes a step, while at least 28 are left.  As msv_b64_steps.
+ *
+ * around (a piece of MSV_B64_AROUND_MIN bytes or more): first whole
+ * 64-byte lines written around the cache, groups up to the next line
+ * boundary, then 48 bytes a line with two non-temporal stores while at
+ * least 52 are left, and a fence, so that whatever reads the text next
+ * (the kernel's copy into a socket, on any CPU) sees it.  Text that never
+ * meets a boundary in whole groups (p not 4-aligned) is written as
+ * without.
+ */
+
+__attribute__((target("avx2")))
+static char *
+msv_b64_steps_avx2(char *p, const uint8_t **src, size_t *n, int around)
+{
+    size_t          k;
+    const uint8_t  *b;
+
+    b = *src;
+    k = *n;
+
+    if (around && k >= MSV_B64_AROUND_MIN && ((uintptr_t) p & 3) == 0) {
+
+        for ( ; ((uintptr_t) p & 63) && k >= 3; k -= 3) {
+            p = msv_b64_group(p, (uint32_t) b[0] << 16
+                                 | (uint32_t) b[1] << 8 | b[2]);
+            b += 3;
+        }
+
+        for ( ; k >= 52; k -= 48) {
+            _mm256_stream_si256((__m256i *) p, msv_b64_enc24_avx2(b));
+            _mm256_stream_si256((__m256i *) (p + 32),
+                                msv_b64_enc24_avx2(b + 24));
+            p += 64;
+            b += 48;
+        }
+
+        _mm_sfence();
+    }
+
+    for ( ; k >= 28; k -= 24) {
+        _mm256_storeu_si256((__m256i *) p, msv_b64_enc24_avx2(b));
         p += 32;
         b += 24;
     }
@@ -226,7 +267,7 @@ msv_b64_put(msv_b64_t *s, char *p, const void *src, size_t n)
         }
 
         if (msv_b64_avx2) {
-            p = msv_b64_steps_avx2(p, &b, &n);
+            p = msv_b64_steps_avx2(p, &b, &n, s->around);
         }
     }
 #endif

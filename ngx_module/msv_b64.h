@@ -24,13 +24,22 @@
 typedef struct {
     uint8_t   carry[2];
     uint8_t   n;            /* bytes in carry: 0, 1 or 2 */
+    uint8_t   around;       /* write around the cache (msv_b64_init) */
 } msv_b64_t;
 
 
+/*
+ * A new stream.  around = 1 when the text is not read again soon (a body
+ * sent only once it is whole): the vector path then writes the whole
+ * 64-byte lines of long pieces with non-temporal stores, which spare the
+ * read of each destination line into the cache that an ordinary store
+ * makes first.  The text is the same either way.
+ */
 static inline void
-msv_b64_init(msv_b64_t *s)
+msv_b64_init(msv_b64_t *s, int around)
 {
     s->n = 0;
+    s->around = (uint8_t) around;
 }
 
 /* The most characters msv_b64_put may write for n more bytes. */

@@ -28,11 +28,27 @@
  * 4*sp10 ... and v with the midpoint 4s+2.  tools/f32_check_all.c checks
  * every float32; t/c/test_json.c checks the table against exact powers
  * and floats of every exponent against an exact big-number reference.
+ *
+ * Vector path.  On x86-64 with AVX2 (checked at run time; the file is
+ * built with the compiler's default flags) the array writers take eight
+ * numbers at a time.  Floats: the split, the shortest decimal and its
+ * nine digits in 64-bit lanes, each 64x64->128 product of
+ * msv_f32_shortest made of two 32x32->64 multiplies (the three ends' top
+ * words come out as the same numbers the scalar code gets with its borrow
+ * and carry), then the text of each laid out by the scalar code
+ * (msv_f32_text).  Ids below 10^8: the digit words with their ',' shifted
+ * into place, stored whole.  The text is the scalar code's, byte for byte
+ * (t/c/test_json.c; tools/f32_check_all.c on every float32).
  */
 
 #include <string.h>
 
 #include "msv_json.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MSV_JSON_AVX2  1
+#include <immintrin.h>
+#endif
 
 
 typedef unsigned __int128  msv_u128;
@@ -401,43 +417,57 @@ msv_f32_decimal(float v, uint32_t *digits, int *exp10)
 }
 
 
-#define MSV_F32_ROOM   24   /* bytes msv_put_f32 may store (22 used) */
+#define MSV_F32_ROOM   24   /* bytes msv_f32_text may store (22 used) */
 
-/* writes v at p, returns the end; stores up to MSV_F32_ROOM bytes */
-MSV_HOT char *
-msv_put_f32(char *p, float v)
+/*
+ * The digits of d (0 < d < 10^9) left-aligned to nine, as msv_f32_text
+ * takes them: the first in *hi, the next eight in *w (first in the low
+ * byte).  Returns the decimal exponent of the first digit of d * 10^k.
+ */
+MSV_HOT int
+msv_f32_digits(uint32_t d, int k, uint32_t *hi, uint64_t *w)
 {
-    uint32_t  bits, c, d, hi, nd, ex;
-    uint64_t  w, z, slo, shi, frac;
-    char     *o;
-    int       q, k, rc, x, n, ip, b;
+    uint32_t  nd;
+    int       b;
 
-    memcpy(&bits, &v, 4);
+    b = 32 - __builtin_clz(d);
+    nd = (uint32_t) (b * 1233) >> 12;
+    nd += d >= msv_pow10_u32[nd];
+    d *= msv_pow10_u32[9 - nd];
+    *hi = d / MSV_1E8;
+    *w = msv_digits8(d - *hi * MSV_1E8);
+
+    return k + (int) nd - 1;
+}
+
+
+/*
+ * The text of the float32 with these bits at p, returns its end; stores
+ * up to MSV_F32_ROOM bytes.  For a finite nonzero value, hi, w and x are
+ * its digits and the exponent of the first (msv_f32_digits); zero, NaN
+ * and the infinities do not read them.
+ */
+MSV_HOT char *
+msv_f32_text(char *p, uint32_t bits, uint32_t hi, uint64_t w, int x)
+{
+    uint32_t  ex;
+    uint64_t  z, slo, shi, frac;
+    char     *o;
+    int       n, ip;
 
     /* the sign is stored always and kept for negative values */
     p[0] = '-';
     o = p + (bits >> 31);
 
-    rc = msv_f32_split(bits, &c, &q);
+    if ((bits & 0x7fffffff) >= 0x7f800000) {
+        memcpy(p, "null", 4);
+        return p + 4;
+    }
 
-    if (rc <= 0) {
-        if (rc < 0) {
-            memcpy(p, "null", 4);
-            return p + 4;
-        }
+    if ((bits & 0x7fffffff) == 0) {
         memcpy(o, "0.0", 3);
         return o + 3;
     }
-
-    d = msv_f32_shortest(c, q, &k);
-
-    /* nd digits, left-aligned to nine: hi, then eight in w */
-    b = 32 - __builtin_clz(d);
-    nd = (uint32_t) (b * 1233) >> 12;
-    nd += d >= msv_pow10_u32[nd];
-    d *= msv_pow10_u32[9 - nd];
-    hi = d / MSV_1E8;
-    w = msv_digits8(d - hi * MSV_1E8);
 
     /* significant digits: nine less the trailing zeros */
     z = w ^ MSV_ZEROS8;
@@ -446,8 +476,6 @@ msv_put_f32(char *p, float v)
     /* the nine digits, then '0' up to byte 15, in two words */
     slo = (w << 8) | ('0' + hi);
     shi = (w >> 56) | (MSV_ZEROS8 << 8);
-
-    x = k + (int) nd - 1;           /* v = d.ddd * 10^x */
 
     if (x >= 0 && x <= 8) {
         /* ddd.ddd, or ddd000.0: the padding gives the zeros */
@@ -492,6 +520,29 @@ msv_put_f32(char *p, float v)
 }
 
 
+/* writes v at p, returns the end; stores up to MSV_F32_ROOM bytes */
+MSV_HOT char *
+msv_put_f32(char *p, float v)
+{
+    uint32_t  bits, c, d, hi;
+    uint64_t  w;
+    int       q, k, x;
+
+    memcpy(&bits, &v, 4);
+
+    hi = 0;
+    w = 0;
+    x = 0;
+
+    if (msv_f32_split(bits, &c, &q) > 0) {
+        d = msv_f32_shortest(c, q, &k);
+        x = msv_f32_digits(d, k, &hi, &w);
+    }
+
+    return msv_f32_text(p, bits, hi, w, x);
+}
+
+
 char *
 msv_fmt_f32(char *p, float v)
 {
@@ -503,6 +554,327 @@ msv_fmt_f32(char *p, float v)
     memcpy(p, buf, MSV_F32_MAX_CHARS);
     return p + len;
 }
+
+
+#if (MSV_JSON_AVX2)
+
+/* ------------------------------------------------------------------ */
+/* AVX2: eight numbers at a time                                        */
+
+#define MSV_AVX2  __attribute__((target("avx2")))
+#define MSV_AVX2_HOT  MSV_HOT MSV_AVX2
+
+#define msv_v32(x)  _mm256_set1_epi32((int) (x))
+#define msv_v64(x)  _mm256_set1_epi64x((long long) (x))
+
+
+/* msv_digits8 on four values < 10^8, one a 64-bit lane */
+MSV_AVX2_HOT __m256i
+msv_digits8_avx2(__m256i v)
+{
+    __m256i  a, y, t;
+
+    /* 32-bit fields: v / 10^4, v % 10^4 */
+    a = _mm256_srli_epi64(_mm256_mul_epu32(v, msv_v64(0xd1b71759)), 45);
+    y = _mm256_or_si256(a, _mm256_slli_epi64(
+            _mm256_sub_epi64(v, _mm256_mul_epu32(a, msv_v64(10000))), 32));
+
+    /* 16-bit fields: each / 100, % 100 */
+    t = _mm256_srli_epi16(_mm256_mulhi_epu16(y, _mm256_set1_epi16(5243)), 3);
+    y = _mm256_or_si256(t, _mm256_slli_epi32(
+            _mm256_sub_epi16(y, _mm256_mullo_epi16(t, _mm256_set1_epi16(100))),
+            16));
+
+    /* bytes: each / 10, % 10 (6554 / 2^16 is exact below 100) */
+    t = _mm256_mulhi_epu16(y, _mm256_set1_epi16(6554));
+    y = _mm256_sub_epi16(y, _mm256_mullo_epi16(t, _mm256_set1_epi16(10)));
+
+    return _mm256_or_si256(_mm256_or_si256(t, _mm256_slli_epi16(y, 8)),
+                           _mm256_set1_epi8('0'));
+}
+
+
+/* the digit count less one of values below 10^9 (32-bit lanes) */
+MSV_AVX2_HOT __m256i
+msv_count9_avx2(__m256i d)
+{
+    __m256i   n;
+    uint32_t  i, p;
+
+    n = _mm256_setzero_si256();
+
+    for (i = 1, p = 10; i < 9; i++, p *= 10) {
+        n = _mm256_sub_epi32(n, _mm256_cmpgt_epi32(d, msv_v32(p - 1)));
+    }
+
+    return n;
+}
+
+
+/* msv_rop of the top word of g * cc * 2^h (cc < 2^32; h - 32, 64 - h) */
+MSV_AVX2_HOT __m256i
+msv_rop_avx2(__m256i gh, __m256i g, __m256i cc, __m256i shl, __m256i shr)
+{
+    __m256i  hi, z;
+
+    /* g * cc = gh * cc * 2^32 + (g mod 2^32) * cc; shifted by h - 64 */
+    hi = _mm256_add_epi64(_mm256_sllv_epi64(_mm256_mul_epu32(gh, cc), shl),
+                          _mm256_srlv_epi64(_mm256_mul_epu32(g, cc), shr));
+
+    z = _mm256_cmpeq_epi64(_mm256_and_si256(hi, msv_v64(0x7fffffff)),
+                           _mm256_setzero_si256());
+
+    return _mm256_or_si256(_mm256_srli_epi64(hi, 31),
+                           _mm256_add_epi64(z, msv_v64(1)));
+}
+
+
+/*
+ * msv_f32_shortest on four floats, one a 64-bit lane, from their c, h,
+ * low (all ones or zero) and table index in 32-bit lanes.  The three ends
+ * are g * (4c - 2 + low), g * 4c and g * (4c + 2), shifted by h: the
+ * products msv_f32_shortest takes apart with its borrow and carry, made
+ * whole here, each from two 32x32->64 multiplies.
+ */
+MSV_AVX2_HOT __m256i
+msv_f32_shortest_avx2(__m128i c32, __m128i h32, __m128i low32,
+    __m128i idx)
+{
+    __m256i  g, gh, h, shl, shr, c, cv, vb, vbl, vbr, out, s, s4, vblo;
+    __m256i  nuin, nwin, up, near, sp10, nupin, nwpin, ten, sel;
+
+    g = _mm256_i32gather_epi64((const long long *) msv_json_pow10, idx, 8);
+    gh = _mm256_srli_epi64(g, 32);
+
+    h = _mm256_cvtepu32_epi64(h32);
+    shl = _mm256_sub_epi64(h, msv_v64(32));
+    shr = _mm256_sub_epi64(msv_v64(64), h);
+
+    c = _mm256_cvtepu32_epi64(c32);
+    cv = _mm256_slli_epi64(c, 2);
+
+    vb = msv_rop_avx2(gh, g, cv, shl, shr);
+    vbl = msv_rop_avx2(gh, g, _mm256_sub_epi64(
+              _mm256_sub_epi64(cv, msv_v64(2)), _mm256_cvtepi32_epi64(low32)),
+              shl, shr);
+    vbr = msv_rop_avx2(gh, g, _mm256_add_epi64(cv, msv_v64(2)), shl, shr);
+
+    /* the choice of msv_f32_shortest; a mask is all ones where false */
+    out = _mm256_and_si256(c, msv_v64(1));
+
+    s = _mm256_srli_epi64(vb, 2);
+    s4 = _mm256_slli_epi64(s, 2);
+    vblo = _mm256_add_epi64(vbl, out);
+
+    nuin = _mm256_cmpgt_epi64(vblo, s4);
+    nwin = _mm256_cmpgt_epi64(
+               _mm256_add_epi64(_mm256_add_epi64(s4, msv_v64(4)), out), vbr);
+    up = _mm256_cmpgt_epi64(
+             _mm256_add_epi64(_mm256_and_si256(vb, msv_v64(3)),
+                              _mm256_and_si256(s, msv_v64(1))),
+             msv_v64(2));
+    near = _mm256_sub_epi64(s, _mm256_andnot_si256(nwin,
+                                   _mm256_or_si256(nuin, up)));
+
+    sp10 = _mm256_srli_epi64(_mm256_mul_epu32(s, msv_v64(0xcccccccd)), 35);
+    sp10 = _mm256_add_epi64(_mm256_slli_epi64(sp10, 3),
+                            _mm256_slli_epi64(sp10, 1));
+
+    nupin = _mm256_cmpgt_epi64(vblo, _mm256_slli_epi64(sp10, 2));
+    nwpin = _mm256_cmpgt_epi64(
+                _mm256_add_epi64(_mm256_slli_epi64(
+                    _mm256_add_epi64(sp10, msv_v64(10)), 2), out), vbr);
+    ten = _mm256_add_epi64(sp10, _mm256_and_si256(nupin, msv_v64(10)));
+    sel = _mm256_and_si256(_mm256_xor_si256(nupin, nwpin),
+                           _mm256_cmpgt_epi64(s, msv_v64(9)));
+
+    return _mm256_blendv_epi8(near, ten, sel);
+}
+
+
+/*
+ * msv_f32_split, msv_f32_shortest and msv_f32_digits on the eight floats
+ * at v: hi[i], w[i] and x[i] as msv_f32_text takes them.  The lanes of
+ * zero, NaN and the infinities come out as garbage (every table index
+ * stays inside the table), which msv_f32_text does not read.
+ */
+MSV_AVX2_HOT void
+msv_f32_digits_avx2(const float *v, uint64_t *hi, uint64_t *w, int32_t *x)
+{
+    __m256i  bits, e, f, c, q, low, k, h, idx, d0, d1, d, n, m, dl, r;
+
+    bits = _mm256_loadu_si256((const __m256i *) v);
+    e = _mm256_and_si256(_mm256_srli_epi32(bits, 23), msv_v32(0xff));
+    f = _mm256_and_si256(bits, msv_v32(0x7fffff));
+
+    c = _mm256_or_si256(f, _mm256_andnot_si256(
+            _mm256_cmpeq_epi32(e, _mm256_setzero_si256()),
+            msv_v32(MSV_F32_C_MIN)));
+    q = _mm256_sub_epi32(_mm256_max_epi32(e, msv_v32(1)), msv_v32(150));
+    low = _mm256_and_si256(_mm256_cmpeq_epi32(f, _mm256_setzero_si256()),
+                           _mm256_cmpgt_epi32(e, msv_v32(1)));
+
+    k = _mm256_srai_epi32(_mm256_sub_epi32(
+            _mm256_mullo_epi32(q, msv_v32(315653)),
+            _mm256_and_si256(low, msv_v32(131008))), 20);
+    h = _mm256_add_epi32(_mm256_add_epi32(q, _mm256_srai_epi32(
+            _mm256_mullo_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), k),
+                               msv_v32(1741647)), 19)), msv_v32(32));
+    idx = _mm256_sub_epi32(msv_v32(-MSV_JSON_POW10_MIN), k);
+
+    d0 = msv_f32_shortest_avx2(_mm256_castsi256_si128(c),
+                               _mm256_castsi256_si128(h),
+                               _mm256_castsi256_si128(low),
+                               _mm256_castsi256_si128(idx));
+    d1 = msv_f32_shortest_avx2(_mm256_extracti128_si256(c, 1),
+                               _mm256_extracti128_si256(h, 1),
+                               _mm256_extracti128_si256(low, 1),
+                               _mm256_extracti128_si256(idx, 1));
+
+    /* the eight d in 32-bit lanes, in order */
+    d = _mm256_permutevar8x32_epi32(
+            _mm256_blend_epi32(d0, _mm256_slli_epi64(d1, 32), 0xaa),
+            _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+
+    /* msv_f32_digits: n digits less one, d * 10^(8 - n) */
+    n = msv_count9_avx2(d);
+    _mm256_storeu_si256((__m256i *) x, _mm256_add_epi32(k, n));
+
+    m = _mm256_permutevar8x32_epi32(
+            _mm256_setr_epi32(100000000, 10000000, 1000000, 100000, 10000,
+                              1000, 100, 10), n);
+    m = _mm256_blendv_epi8(m, msv_v32(1), _mm256_cmpeq_epi32(n, msv_v32(8)));
+    dl = _mm256_mullo_epi32(d, m);
+
+    /* the first digit, and the eight after it */
+    d = _mm256_cvtepu32_epi64(_mm256_castsi256_si128(dl));
+    r = _mm256_srli_epi64(_mm256_mul_epu32(d, msv_v64(0x55e63b89)), 57);
+    _mm256_storeu_si256((__m256i *) hi, r);
+    _mm256_storeu_si256((__m256i *) w, msv_digits8_avx2(_mm256_sub_epi64(
+        d, _mm256_mul_epu32(r, msv_v64(MSV_1E8)))));
+
+    d = _mm256_cvtepu32_epi64(_mm256_extracti128_si256(dl, 1));
+    r = _mm256_srli_epi64(_mm256_mul_epu32(d, msv_v64(0x55e63b89)), 57);
+    _mm256_storeu_si256((__m256i *) (hi + 4), r);
+    _mm256_storeu_si256((__m256i *) (w + 4), msv_digits8_avx2(_mm256_sub_epi64(
+        d, _mm256_mul_epu32(r, msv_v64(MSV_1E8)))));
+}
+
+
+/* msv_json_f32s_part, eight floats at a time */
+MSV_AVX2 static char *
+msv_json_f32s_avx2(char *p, const float *v, uint32_t n)
+{
+    int32_t   x[8];
+    uint32_t  i, j, bits;
+    uint64_t  hi[8], w[8];
+
+    for (i = 0; i + 8 <= n; i += 8) {
+        msv_f32_digits_avx2(v + i, hi, w, x);
+
+        for (j = 0; j < 8; j++) {
+            memcpy(&bits, &v[i + j], 4);
+            p = msv_f32_text(p, bits, (uint32_t) hi[j], w[j], x[j]);
+            *p++ = ',';
+        }
+    }
+
+    for ( ; i < n; i++) {
+        p = msv_put_f32(p, v[i]);
+        *p++ = ',';
+    }
+
+    return p;
+}
+
+
+/*
+ * Four ids below 10^8 with their digit counts less one (64-bit lanes): the
+ * word msv_put_i32 stores, shifted down over the leading zeros, with the
+ * ',' after the digits (an 8-digit id has it in the next byte).
+ */
+MSV_AVX2_HOT void
+msv_ids_words_avx2(__m256i v, __m256i nd, uint64_t *word)
+{
+    __m256i  sh;
+
+    sh = _mm256_sub_epi64(msv_v64(56), _mm256_slli_epi64(nd, 3));
+
+    _mm256_storeu_si256((__m256i *) word, _mm256_or_si256(
+        _mm256_srlv_epi64(msv_digits8_avx2(v), sh),
+        _mm256_sllv_epi64(msv_v64(','), _mm256_sub_epi64(msv_v64(64), sh))));
+}
+
+
+/* msv_json_ids_part, eight ids at a time (those in 0..10^8 - 1) */
+MSV_AVX2 static char *
+msv_json_ids_avx2(char *p, const int32_t *ids, uint32_t n)
+{
+    __m256i   v, bad, nd;
+    uint32_t  i, j, len[8];
+    uint64_t  word[8];
+
+    for (i = 0; i + 8 <= n; i += 8) {
+        v = _mm256_loadu_si256((const __m256i *) (ids + i));
+        bad = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), v),
+                              _mm256_cmpgt_epi32(v, msv_v32(MSV_1E8 - 1)));
+
+        if (!_mm256_testz_si256(bad, bad)) {
+            for (j = 0; j < 8; j++) {
+                p = msv_put_i32(p, ids[i + j]);
+                *p++ = ',';
+            }
+            continue;
+        }
+
+        /* digits less one (0..7); the text takes them and the ',' */
+        nd = msv_count9_avx2(v);
+        _mm256_storeu_si256((__m256i *) len, _mm256_add_epi32(nd, msv_v32(2)));
+
+        msv_ids_words_avx2(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(v)),
+                           _mm256_cvtepu32_epi64(_mm256_castsi256_si128(nd)),
+                           word);
+        msv_ids_words_avx2(_mm256_cvtepu32_epi64(
+                               _mm256_extracti128_si256(v, 1)),
+                           _mm256_cvtepu32_epi64(
+                               _mm256_extracti128_si256(nd, 1)),
+                           word + 4);
+
+        for (j = 0; j < 8; j++) {
+            msv_store64(p, word[j]);
+            p[8] = ',';
+            p += len[j];
+        }
+    }
+
+    for ( ; i < n; i++) {
+        p = msv_put_i32(p, ids[i]);
+        *p++ = ',';
+    }
+
+    return p;
+}
+
+
+static int  msv_json_avx2 = -1;     /* unknown yet */
+
+
+/* whether an array of n goes through the vector path */
+static inline int
+msv_json_vector(uint32_t n)
+{
+    if (n < 8) {
+        return 0;
+    }
+
+    if (msv_json_avx2 < 0) {
+        msv_json_simd(1);
+    }
+
+    return msv_json_avx2;
+}
+
+#endif
 
 
 /* ------------------------------------------------------------------ */
@@ -541,10 +913,30 @@ msv_json_ids_fit(size_t room)
 }
 
 
+int
+msv_json_simd(int on)
+{
+#if (MSV_JSON_AVX2)
+    __builtin_cpu_init();
+    msv_json_avx2 = on && __builtin_cpu_supports("avx2");
+
+    return msv_json_avx2;
+#else
+    return 0;
+#endif
+}
+
+
 char *
 msv_json_ids_part(char *p, const int32_t *ids, uint32_t n)
 {
     uint32_t  i;
+
+#if (MSV_JSON_AVX2)
+    if (msv_json_vector(n)) {
+        return msv_json_ids_avx2(p, ids, n);
+    }
+#endif
 
     for (i = 0; i < n; i++) {
         p = msv_put_i32(p, ids[i]);
@@ -602,6 +994,12 @@ char *
 msv_json_f32s_part(char *p, const float *v, uint32_t n)
 {
     uint32_t  i;
+
+#if (MSV_JSON_AVX2)
+    if (msv_json_vector(n)) {
+        return msv_json_f32s_avx2(p, v, n);
+    }
+#endif
 
     for (i = 0; i < n; i++) {
         p = msv_put_f32(p, v[i]);

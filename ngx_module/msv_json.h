@@ -90,5 +90,14 @@ char *msv_json_ids_part(char *p, const int32_t *ids, uint32_t n);
 uint32_t msv_json_f32s_fit(size_t room);
 char *msv_json_f32s_part(char *p, const float *v, uint32_t n);
 
+/*
+ * Whether the array writers may use the CPU's vector instructions (AVX2
+ * on x86-64, eight numbers at a time): by default they do where the CPU
+ * has them.  on = 0 keeps them to the scalar code (tests and benchmarks
+ * compare the two, which write the same text); returns whether the
+ * vector path is now in use.
+ */
+int msv_json_simd(int on);
+
 
 #endif /* MSV_JSON_H */

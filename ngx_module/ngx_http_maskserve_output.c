@@ -60,13 +60,14 @@ static ngx_uint_t   ngx_http_maskserve_fmt_any;
 
 /*
  * The pass over the ring being formatted, from its first mask row: the
- * thread's CPU time and the wall time then, and its rows' times, which
- * count when it ends (ngx_http_maskserve_output_take)
+ * thread's CPU time, the wall time and the tick then, and its rows' times
+ * in ticks, which count when it ends (ngx_http_maskserve_output_take)
  */
 static ngx_uint_t   ngx_http_maskserve_pass_open;
 static uint64_t     ngx_http_maskserve_pass_cpu;
 static uint64_t     ngx_http_maskserve_pass_wall;
-static uint64_t     ngx_http_maskserve_pass_ns[NGX_HTTP_MASKSERVE_FMT_N][2];
+static uint64_t     ngx_http_maskserve_pass_tick;
+static uint64_t     ngx_http_maskserve_pass_ticks[NGX_HTTP_MASKSERVE_FMT_N][2];
 
 
 static ngx_chain_t *ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx,
@@ -100,8 +101,10 @@ static ngx_int_t ngx_http_maskserve_top_packed(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_choice_t *ch, const struct msv_row *w);
 static ngx_int_t ngx_http_maskserve_sec_b64(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const void *src, size_t n);
-static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec);
-static void ngx_http_maskserve_choice_reset(ngx_http_maskserve_choice_t *ch);
+static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec);
+static void ngx_http_maskserve_choice_reset(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch);
 static ngx_uint_t ngx_http_maskserve_choice_pending(
     ngx_http_maskserve_choice_t *ch);
 static ngx_int_t ngx_http_maskserve_compose_choice(
@@ -139,7 +142,7 @@ ngx_http_maskserve_output_init(ngx_http_maskserve_ctx_t *ctx)
 
     for (i = 0; i < ctx->n_choices; i++) {
         ctx->choices[i].index = i;
-        ngx_http_maskserve_choice_reset(&ctx->choices[i]);
+        ngx_http_maskserve_choice_reset(ctx, &ctx->choices[i]);
     }
 
     ctx->buf_size = ctx->stream && !ctx->packed
@@ -262,16 +265,19 @@ nomem:
 
 /*
  * The row's mask, timed and counted: the one place where every mask row
- * is formatted, in either form.  The clock (CLOCK_MONOTONIC, through the
- * vDSO) is read three times a row, about 70 ns in all: under 1% of
- * formatting a 1000-id JSON row.  The ids (packed: with the row's length)
- * and the logprobs are timed apart, as their rates differ fourfold.
+ * is formatted, in either form.  The clock is read three times a row
+ * (ngx_http_maskserve_output_tick: the time-stamp counter, about 10 ns a read on
+ * x86-64, where CLOCK_MONOTONIC takes 24 ns through the vDSO and a system
+ * call, some hundreds of ns, on hosts whose kernel clock has no vDSO
+ * path).  The ids (packed: with the row's length) and the logprobs are
+ * timed apart, as their rates differ fourfold.
  *
- * Wall time also counts while the process is preempted, which on a busy
- * host can be most of it.  So the pass over the ring is timed too, once
- * (the thread's CPU time costs a system call, 0.5 us): at its end the
- * rows' times are scaled by the share of the pass the process was on a
- * CPU (1 when it was never preempted).
+ * The ticks become nanoseconds at the end of the pass over the ring,
+ * which is timed once with CLOCK_MONOTONIC (and the tick).  Wall time
+ * also counts while the process is preempted, which on a busy host can be
+ * most of it, so the pass is also timed with the thread's CPU time (a
+ * system call, 0.5 us): the rows' times are scaled by the share of the
+ * pass the process was on a CPU (1 when it was never preempted).
  */
 
 static ngx_int_t
@@ -292,9 +298,10 @@ ngx_http_maskserve_row_mask(ngx_http_maskserve_ctx_t *ctx,
             ngx_http_maskserve_clock(CLOCK_THREAD_CPUTIME_ID);
         ngx_http_maskserve_pass_wall =
             ngx_http_maskserve_clock(CLOCK_MONOTONIC);
+        ngx_http_maskserve_pass_tick = ngx_http_maskserve_output_tick();
     }
 
-    t0 = ngx_http_maskserve_clock(CLOCK_MONOTONIC);
+    t0 = ngx_http_maskserve_output_tick();
 
     rc = ctx->packed ? ngx_http_maskserve_ids_packed(ctx, ch, w)
                      : ngx_http_maskserve_ids_json(ctx, ch, w);
@@ -302,7 +309,7 @@ ngx_http_maskserve_row_mask(ngx_http_maskserve_ctx_t *ctx,
         return rc;
     }
 
-    t1 = ngx_http_maskserve_clock(CLOCK_MONOTONIC);
+    t1 = ngx_http_maskserve_output_tick();
 
     rc = ctx->packed ? ngx_http_maskserve_lps_packed(ctx, ch, w)
                      : ngx_http_maskserve_lps_json(ctx, ch, w);
@@ -310,7 +317,7 @@ ngx_http_maskserve_row_mask(ngx_http_maskserve_ctx_t *ctx,
         return rc;
     }
 
-    t2 = ngx_http_maskserve_clock(CLOCK_MONOTONIC);
+    t2 = ngx_http_maskserve_output_tick();
 
     f = ctx->packed ? NGX_HTTP_MASKSERVE_FMT_PACKED
                     : NGX_HTTP_MASKSERVE_FMT_JSON;
@@ -319,8 +326,8 @@ ngx_http_maskserve_row_mask(ngx_http_maskserve_ctx_t *ctx,
     c->ids += w->n_support;
     c->floats += w->n_lps;
     c->bytes += ngx_http_maskserve_mask_bytes(ctx, ch) - b0;
-    ngx_http_maskserve_pass_ns[f][0] += t1 - t0;
-    ngx_http_maskserve_pass_ns[f][1] += t2 - t1;
+    ngx_http_maskserve_pass_ticks[f][0] += t1 - t0;
+    ngx_http_maskserve_pass_ticks[f][1] += t2 - t1;
     ngx_http_maskserve_fmt_any = 1;
 
     return NGX_OK;
@@ -336,6 +343,7 @@ ngx_http_maskserve_clock(clockid_t clock)
 
     return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+
 
 
 /*
@@ -361,9 +369,9 @@ ngx_http_maskserve_mask_bytes(ngx_http_maskserve_ctx_t *ctx,
 ngx_uint_t
 ngx_http_maskserve_output_take(ngx_http_maskserve_fmt_count_t *out)
 {
-    double      on;
-    uint64_t    cpu, wall;
-    ngx_uint_t  f;
+    double      ns;
+    uint64_t    cpu, wall, ticks;
+    ngx_uint_t  f, a;
 
     if (!ngx_http_maskserve_fmt_any) {
         return 0;
@@ -375,17 +383,27 @@ ngx_http_maskserve_output_take(ngx_http_maskserve_fmt_count_t *out)
               - ngx_http_maskserve_pass_cpu;
         wall = ngx_http_maskserve_clock(CLOCK_MONOTONIC)
                - ngx_http_maskserve_pass_wall;
-        on = wall > cpu ? (double) cpu / (double) wall : 1.0;
+        ticks = ngx_http_maskserve_output_tick() - ngx_http_maskserve_pass_tick;
+
+        /* ns a tick over the pass, by the share of it spent on a CPU */
+        ns = ticks ? (double) ngx_min(cpu, wall) / (double) ticks : 0.0;
 
         for (f = 0; f < NGX_HTTP_MASKSERVE_FMT_N; f++) {
+            for (a = 0; a < 2; a++) {
+                /* a counter that went back (another CPU's) counts none */
+                if (ngx_http_maskserve_pass_ticks[f][a] > ticks) {
+                    ngx_http_maskserve_pass_ticks[f][a] = 0;
+                }
+            }
+
             ngx_http_maskserve_fmt[f].ids_ns +=
-                (uint64_t) (ngx_http_maskserve_pass_ns[f][0] * on + 0.5);
+                (uint64_t) (ngx_http_maskserve_pass_ticks[f][0] * ns + 0.5);
             ngx_http_maskserve_fmt[f].floats_ns +=
-                (uint64_t) (ngx_http_maskserve_pass_ns[f][1] * on + 0.5);
+                (uint64_t) (ngx_http_maskserve_pass_ticks[f][1] * ns + 0.5);
         }
 
-        ngx_memzero(ngx_http_maskserve_pass_ns,
-                    sizeof(ngx_http_maskserve_pass_ns));
+        ngx_memzero(ngx_http_maskserve_pass_ticks,
+                    sizeof(ngx_http_maskserve_pass_ticks));
         ngx_http_maskserve_pass_open = 0;
     }
 
@@ -683,7 +701,7 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     /* the sections now belong to the chain */
 
     for (i = 0; i < ctx->n_choices; i++) {
-        ngx_http_maskserve_choice_reset(&ctx->choices[i]);
+        ngx_http_maskserve_choice_reset(ctx, &ctx->choices[i]);
     }
 
     ctx->pending = 0;
@@ -1266,28 +1284,36 @@ ngx_http_maskserve_sec_b64(ngx_http_maskserve_ctx_t *ctx,
 
 
 static void
-ngx_http_maskserve_sec_reset(ngx_http_maskserve_sec_t *sec)
+ngx_http_maskserve_sec_reset(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec)
 {
     sec->first = NULL;
     sec->last = &sec->first;
     sec->buf = NULL;
     sec->bytes = 0;
     sec->count = 0;
-    msv_b64_init(&sec->b64);
+
+    /*
+     * A body is sent when the request ends, long after its base64 was
+     * written, and by then it is out of the caches anyway: written around
+     * them.  A stream event goes out at the end of the pass.
+     */
+    msv_b64_init(&sec->b64, !ctx->stream);
 }
 
 
 static void
-ngx_http_maskserve_choice_reset(ngx_http_maskserve_choice_t *ch)
+ngx_http_maskserve_choice_reset(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_choice_t *ch)
 {
-    ngx_http_maskserve_sec_reset(&ch->ids);
-    ngx_http_maskserve_sec_reset(&ch->mask);
-    ngx_http_maskserve_sec_reset(&ch->mlps);
-    ngx_http_maskserve_sec_reset(&ch->lpc);
-    ngx_http_maskserve_sec_reset(&ch->mlen);
-    ngx_http_maskserve_sec_reset(&ch->tlen);
-    ngx_http_maskserve_sec_reset(&ch->tids);
-    ngx_http_maskserve_sec_reset(&ch->tlps);
+    ngx_http_maskserve_sec_reset(ctx, &ch->ids);
+    ngx_http_maskserve_sec_reset(ctx, &ch->mask);
+    ngx_http_maskserve_sec_reset(ctx, &ch->mlps);
+    ngx_http_maskserve_sec_reset(ctx, &ch->lpc);
+    ngx_http_maskserve_sec_reset(ctx, &ch->mlen);
+    ngx_http_maskserve_sec_reset(ctx, &ch->tlen);
+    ngx_http_maskserve_sec_reset(ctx, &ch->tids);
+    ngx_http_maskserve_sec_reset(ctx, &ch->tlps);
 }
 
 

@@ -31,6 +31,9 @@
  *     neighbour would be too);
  *   - closest: if the correctly rounded n-digit decimal "%.{n-1}e" reads
  *     back as the float, the text has exactly its digits.
+ * And the array writer msv_json_f32s_part, with its vector path where the
+ * CPU has one (msv_json_simd), on every visited pattern in runs of 1024:
+ * the text of each item is msv_fmt_f32's, then ','.
  * Prints the counts, and the first failures of each thread.
  */
 
@@ -59,6 +62,7 @@ struct counts {
     uint64_t  bad_decimal;
     uint64_t  bad_minimal;
     uint64_t  bad_closest;
+    uint64_t  bad_vector;
     uint64_t  reported;
 };
 
@@ -430,6 +434,55 @@ check_one(struct counts *c, uint32_t bits, uint64_t idx)
 }
 
 
+/*
+ * The array writer (msv_json_f32s_part, its vector path where the CPU
+ * has one) on patterns lo..hi - 1, against msv_fmt_f32 item by item.
+ */
+static void
+check_array(struct counts *c, uint64_t lo, uint64_t hi)
+{
+    enum { BLOCK = 1024 };
+
+    char      out[BLOCK * MSV_F32_MAX_CHARS + 64], one[MSV_F32_MAX_CHARS];
+    char     *p, *end, *e;
+    float     v[BLOCK];
+    uint32_t  bits, j, n;
+    uint64_t  i;
+
+    for (i = lo; i < hi; i += n) {
+        n = hi - i < BLOCK ? (uint32_t) (hi - i) : BLOCK;
+
+        for (j = 0; j < n; j++) {
+            bits = (uint32_t) ((i + j) * stride);
+            memcpy(&v[j], &bits, sizeof(float));
+        }
+
+        end = msv_json_f32s_part(out, v, n);
+
+        for (j = 0, p = out; j < n; j++) {
+            e = msv_fmt_f32(one, v[j]);
+
+            if (end - p < e - one + 1 || memcmp(p, one, e - one) != 0
+                || p[e - one] != ',')
+            {
+                memcpy(&bits, &v[j], sizeof(float));
+                c->bad_vector++;
+                report(c, bits, "array writer differs from msv_fmt_f32", "");
+                return;
+            }
+
+            p += e - one + 1;
+        }
+
+        if (p != end) {
+            c->bad_vector++;
+            report(c, (uint32_t) (i * stride), "array writer length", "");
+            return;
+        }
+    }
+}
+
+
 static void *
 worker(void *arg)
 {
@@ -447,6 +500,8 @@ worker(void *arg)
         for (i = lo; i < hi; i++) {
             check_one(c, (uint32_t) (i * stride), i);
         }
+
+        check_array(c, lo, hi);
     }
 
     return NULL;
@@ -532,10 +587,11 @@ main(int argc, char **argv)
         t.bad_decimal += cs[i].bad_decimal;
         t.bad_minimal += cs[i].bad_minimal;
         t.bad_closest += cs[i].bad_closest;
+        t.bad_vector += cs[i].bad_vector;
     }
 
     bad = t.bad_length + t.bad_syntax + t.bad_roundtrip + t.bad_decimal
-          + t.bad_minimal + t.bad_closest;
+          + t.bad_minimal + t.bad_closest + t.bad_vector;
 
     printf("patterns visited   %llu (stride %llu, %llu threads)\n",
            (unsigned long long) n_patterns, (unsigned long long) stride,
@@ -550,6 +606,9 @@ main(int argc, char **argv)
     printf("bad decimal        %llu\n", (unsigned long long) t.bad_decimal);
     printf("not minimal        %llu\n", (unsigned long long) t.bad_minimal);
     printf("not closest        %llu\n", (unsigned long long) t.bad_closest);
+    printf("array writer (%s) differs %llu\n",
+           msv_json_simd(1) ? "vector" : "scalar",
+           (unsigned long long) t.bad_vector);
     printf("%s\n", bad == 0 ? "PASS" : "FAIL");
 
     free(tid);

@@ -6,8 +6,10 @@
  *   - random data fed in random pieces (as rows arrive) against a plain
  *     one-shot reference encoder, and the store bound of every piece,
  *     through the portable code and, where the CPU has it, the vector
- *     path (msv_b64_simd); every length from 0 to 100 at every carry
- *     and source alignment, the same both ways;
+ *     path (msv_b64_simd), each also writing around the cache
+ *     (msv_b64_init); every length from 0 to 100 at every carry and
+ *     source alignment, and pieces of 1000..1100 bytes at every output
+ *     offset, the same every way;
  *   - decoding round trips, and every kind of malformed text rejected.
  *
  * MSV_TEST_SEED (environment) changes the random seed.
@@ -40,7 +42,7 @@ enc_all(const void *in, size_t n, char *out)
     char       *p;
     msv_b64_t   s;
 
-    msv_b64_init(&s);
+    msv_b64_init(&s, 0);
     p = msv_b64_put(&s, out, in, n);
     p = msv_b64_end(&s, p);
 
@@ -50,13 +52,15 @@ enc_all(const void *in, size_t n, char *out)
 
 /*
  * 2000 random buffers (lengths below 101 for the first 1000, then up to
- * 60000) fed in random pieces, against the reference.
+ * 60000) fed in random pieces, against the reference, the text starting
+ * at a random offset of out (0..67).
  */
 
 static void
 random_rounds(uint8_t *in, uint8_t *back, char *out, char *ref,
-    const char *path)
+    const char *path, int around)
 {
+    char      *o;
     long       dn;
     char      *p, *end;
     size_t     i, n, len, piece, rlen;
@@ -73,8 +77,9 @@ random_rounds(uint8_t *in, uint8_t *back, char *out, char *ref,
         }
 
         /* fed in random pieces, 4-byte ones most often (as the rows are) */
-        msv_b64_init(&s);
-        p = out;
+        msv_b64_init(&s, around);
+        o = out + rng_next() % 68;
+        p = o;
 
         for (i = 0; i < n; i += piece) {
             switch (rng_next() % 4) {
@@ -97,11 +102,11 @@ random_rounds(uint8_t *in, uint8_t *back, char *out, char *ref,
         }
 
         p = msv_b64_end(&s, p);
-        len = p - out;
+        len = p - o;
 
         rlen = msv_b64_ref(in, n, ref);
         if (len != rlen || len != msv_b64_len(n)
-            || memcmp(out, ref, len) != 0)
+            || memcmp(o, ref, len) != 0)
         {
             if (bad_enc++ < 3) {
                 tap_diag("%s, round %u: %zu bytes encoded to %zu chars, "
@@ -109,7 +114,7 @@ random_rounds(uint8_t *in, uint8_t *back, char *out, char *ref,
             }
         }
 
-        dn = msv_b64_decode(out, len, back);
+        dn = msv_b64_decode(o, len, back);
         if (dn != (long) n || memcmp(back, in, n) != 0) {
             bad_dec++;
         }
@@ -125,48 +130,72 @@ random_rounds(uint8_t *in, uint8_t *back, char *out, char *ref,
 
 
 /*
- * Every length 0..100 of random bytes, put in one piece after a carry of
- * 0, 1 or 2 bytes, from each of 8 source alignments: the steps of 6 and
- * 24 bytes and the group-by-group tail all meet the carry somewhere.
+ * c bytes at in, then n more, through a new stream into out: 0 when the
+ * text is ref (rlen characters).
+ */
+
+static int
+enc_after_carry(const uint8_t *in, size_t c, size_t n, char *out,
+    const char *ref, size_t rlen, int around)
+{
+    char       *p;
+    msv_b64_t   s;
+
+    msv_b64_init(&s, around);
+    p = msv_b64_put(&s, out, in, c);
+    p = msv_b64_put(&s, p, in + c, n);
+    p = msv_b64_end(&s, p);
+
+    return (size_t) (p - out) != rlen || memcmp(out, ref, rlen) != 0;
+}
+
+
+/*
+ * Pieces of every length n0..n1 of random bytes, put after a carry of 0,
+ * 1 or 2 bytes (which sit just before the piece) from each of srcs source
+ * alignments, the text starting at each of dsts offsets of out.
+ *   - 0..100 from 8 alignments: the steps of 6 and 24 bytes and the
+ *     group-by-group tail all meet the carry somewhere;
+ *   - 1000..1100 (those of 1024 bytes and more may be written around the
+ *     cache in whole lines) at offsets 0..67: every distance to the next
+ *     line boundary, and starts that never reach one in whole groups.
  */
 
 static void
-every_length(uint8_t *in, char *out, char *ref, const char *path)
+pieces(uint8_t *in, char *out, char *ref, const char *path, int around,
+    size_t n0, size_t n1, size_t srcs, size_t dsts)
 {
-    char      *p;
-    size_t     i, n, c, a, len, rlen;
-    unsigned   bad;
-    msv_b64_t  s;
+    size_t    i, n, c, a, o, rlen;
+    unsigned  bad;
 
     bad = 0;
 
-    for (n = 0; n <= 100; n++) {
+    for (n = n0; n <= n1; n++) {
         for (c = 0; c < 3; c++) {
-            for (a = 0; a < 8; a++) {
+            for (a = 0; a < srcs; a++) {
                 for (i = 0; i < c + n + a; i++) {
                     in[i] = (uint8_t) rng_next();
                 }
 
-                /* the carry's bytes sit just before the piece */
-                msv_b64_init(&s);
-                p = msv_b64_put(&s, out, in + a, c);
-                p = msv_b64_put(&s, p, in + a + c, n);
-                p = msv_b64_end(&s, p);
-                len = p - out;
-
                 rlen = msv_b64_ref(in + a, c + n, ref);
-                if (len != rlen || memcmp(out, ref, len) != 0) {
-                    if (bad++ < 3) {
-                        tap_diag("%s: %zu bytes after a carry of %zu at "
-                                 "offset %zu differ", path, n, c, a);
+
+                for (o = 0; o < dsts; o++) {
+                    if (enc_after_carry(in + a, c, n, out + o, ref, rlen,
+                                        around)
+                        && bad++ < 3)
+                    {
+                        tap_diag("%s: %zu bytes after a carry of %zu, source "
+                                 "offset %zu, output offset %zu differ",
+                                 path, n, c, a, o);
                     }
                 }
             }
         }
     }
 
-    tap_ok(bad == 0, "%s: lengths 0..100 after every carry, from every "
-           "alignment, encode as the reference (%u differ)", path, bad);
+    tap_ok(bad == 0, "%s: lengths %zu..%zu after every carry, from %zu "
+           "source alignments into %zu output offsets, encode as the "
+           "reference (%u differ)", path, n0, n1, srcs, dsts, bad);
 }
 
 
@@ -183,12 +212,13 @@ main(void)
         "Zm9v\nA==", "====", "Zm 9"
     };
 
-    int        simd;
-    char      *out, *ref;
-    long       dn;
-    size_t     i, k, n, len;
-    uint8_t   *in, *back;
-    msv_b64_t  s;
+    int          simd, around;
+    char        *out, *ref;
+    long         dn;
+    size_t       i, k, n, len;
+    uint8_t     *in, *back;
+    msv_b64_t    s;
+    const char  *path;
 
     rng_state = getenv("MSV_TEST_SEED") ? strtoull(getenv("MSV_TEST_SEED"),
                                                    NULL, 0)
@@ -205,7 +235,7 @@ main(void)
 
     in = malloc(1 << 16);
     back = malloc(1 << 16);
-    out = malloc((1 << 16) / 3 * 4 + 64);
+    out = malloc((1 << 16) / 3 * 4 + 128);
     ref = malloc((1 << 16) / 3 * 4 + 64);
 
     for (simd = 0; simd < 2; simd++) {
@@ -214,8 +244,14 @@ main(void)
             continue;
         }
 
-        random_rounds(in, back, out, ref, simd ? "vector" : "portable");
-        every_length(in, out, ref, simd ? "vector" : "portable");
+        for (around = 0; around < 2; around++) {
+            path = simd ? (around ? "vector, around the cache" : "vector")
+                        : (around ? "portable, around asked" : "portable");
+
+            random_rounds(in, back, out, ref, path, around);
+            pieces(in, out, ref, path, around, 0, 100, 8, 1);
+            pieces(in, out, ref, path, around, 1000, 1100, 1, 68);
+        }
     }
 
     msv_b64_simd(1);
@@ -226,7 +262,7 @@ main(void)
         for (len = 0; len < 200; len++) {
             char  buf[256];
 
-            msv_b64_init(&s);
+            msv_b64_init(&s, 0);
             msv_b64_put(&s, buf, in, i);
             n = msv_b64_fits(len);
             if ((size_t) (msv_b64_put(&s, buf, in, n) - buf) > len) {

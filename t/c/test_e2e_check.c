@@ -76,7 +76,7 @@ b64(const void *p, size_t n)
     msv_b64_t   st;
 
     s = malloc(msv_b64_len(n) + 1);
-    msv_b64_init(&st);
+    msv_b64_init(&st, 0);
     e = msv_b64_put(&st, s, p, n);
     e = msv_b64_end(&st, e);
     *e = '\0';
