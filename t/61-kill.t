@@ -25,7 +25,7 @@ $t->start_nginx(processes => 2);
 my $json = MsvTest::json();
 my $true = JSON::PP::true;
 my $V = $t->health->{workers}[0]{vocab_size};
-my $MAX = 120;
+our $MAX = 120;
 
 sub stats {
     my $s = `$MsvTest::BUILD/maskserve-cli --shm $w->{name} --stats 2>/dev/null`;
@@ -160,8 +160,10 @@ sub works {
     works('reload');
 }
 
-# --- one nginx worker process killed
+# --- one nginx worker process killed (requests long enough that the
+#     victim still has some in flight when the kill lands)
 {
+    local $MAX = 600;
     # kill the busier one, so that some requests are surely on it
     my $victim;
     my ($n, $dt) = under_load('nk', sub {
@@ -185,8 +187,11 @@ sub works {
     works('SIGKILL nginx worker');
 }
 
-# --- the maskserve worker killed
+# --- the maskserve worker killed: requests long enough to be in flight
+#     whatever the stack's speed (120 tokens can all be done before the
+#     kill lands)
 {
+    local $MAX = 1500;
     my ($n, $dt) = under_load('wk', sub { $t->stop_worker($w, 'KILL') });
     ok(!$n->{bad} && !$n->{hang} && !$n->{cut},
        'SIGKILL worker: no hang, no silently truncated answer');
