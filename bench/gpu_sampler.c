@@ -14,6 +14,14 @@
  * -p: also the mean SM cycles of each stage of the sampling kernel for one
  * row (block 0 of its cluster).
  *
+ * Each step samples other logits than the step before: NSET sets, the
+ * first drawn, the others the same rows in another order, scaled by 0.75
+ * to 1.25 and shifted by -1 to 1 nat a row, so that the streaming
+ * kernel's floor predicted from a request's previous step is tested as it
+ * would be by a model whose logits move from step to step.  Each case is
+ * a new set of requests (new cookies).  The rows each path of the sampler
+ * took in the timed steps are printed per case.
+ *
  * Prints one line per case and a table last.
  */
 
@@ -32,6 +40,8 @@
 #include <cuda_runtime_api.h>
 #include "../kernels/sampling.h"
 #endif
+
+#define NSET 4
 
 #ifndef MSV_HAVE_CUDA
 int
@@ -94,11 +104,12 @@ main(int argc, char **argv)
     uint32_t               V = 151936, reps = 20, B, i, bi, ci, mi, r, n;
     int                    opt, prof = 0;
     double                 cyc[7];
-    float                 *h, *d;
+    float                 *h, *hv, *d, *ds[NSET];
+    unsigned long long     pa[3], pb[3];
     uint8_t               *dst;
     size_t                 dst_bytes;
-    double                 km[64], cm[64], pm[3][64], kmed, cmed, bytes;
-    float                  parts[3];
+    double                 km[64], cm[64], pm[4][64], kmed, cmed, bytes;
+    float                  parts[4];
     struct msv_gsampler   *g;
     struct msv_sample_row *sr;
     struct msv_sample_res *res;
@@ -126,13 +137,12 @@ main(int argc, char **argv)
 
     B = 256;
     h = malloc((size_t) B * V * sizeof(float));
+    hv = malloc((size_t) B * V * sizeof(float));
     sr = calloc(B, sizeof(*sr));
     res = calloc(B, sizeof(*res));
     dst_bytes = (size_t) B * msv_row_size(V, V, 0);
     dst = malloc(dst_bytes);
-    if (h == NULL || sr == NULL || res == NULL || dst == NULL
-        || cudaMalloc((void **) &d, (size_t) B * V * sizeof(float))
-           != cudaSuccess
+    if (h == NULL || hv == NULL || sr == NULL || res == NULL || dst == NULL
         || msv_cuda_host_register(dst, dst_bytes, err, sizeof(err)) != 0)
     {
         fprintf(stderr, "gpu_sampler: out of memory\n");
@@ -145,7 +155,26 @@ main(int argc, char **argv)
         h[i] = (float) (2.5 * sqrt(-2.0 * log(u))
                         * cos(6.283185307179586 * unif()));
     }
-    cudaMemcpy(d, h, (size_t) B * V * sizeof(float), cudaMemcpyHostToDevice);
+    for (r = 0; r < NSET; r++) {
+        for (i = 0; i < B; i++) {
+            const float  *s = h + (size_t) ((i + 37 * r) % B) * V;
+            float        *o = hv + (size_t) i * V;
+            float         sc = r == 0 ? 1.0f : (float) (0.75 + 0.5 * unif());
+            float         sh = r == 0 ? 0.0f : (float) (2.0 * unif() - 1.0);
+
+            for (uint32_t j = 0; j < V; j++) {
+                o[j] = s[j] * sc + sh;
+            }
+        }
+        if (cudaMalloc((void **) &ds[r], (size_t) B * V * sizeof(float))
+            != cudaSuccess)
+        {
+            fprintf(stderr, "gpu_sampler: out of device memory\n");
+            return 1;
+        }
+        cudaMemcpy(ds[r], hv, (size_t) B * V * sizeof(float),
+                   cudaMemcpyHostToDevice);
+    }
 
     g = msv_gsampler_new(V, B, B, 0, NULL, err, sizeof(err));
     if (g == NULL) {
@@ -179,7 +208,8 @@ main(int argc, char **argv)
                 for (i = 0; i < n; i++) {
                     sr[i].row = i;
                     sr[i].slot = i;
-                    sr[i].cookie = 1 + i;
+                    sr[i].cookie = 1 + i + (uint64_t) B
+                                   * (1 + mi + 3 * (ci + 16 * bi));
                     sr[i].rq.p = &p;
                     sr[i].rq.seed = 5 + i;
                 }
@@ -189,6 +219,10 @@ main(int argc, char **argv)
 
                     for (i = 0; i < n; i++) {
                         sr[i].rq.t = r;
+                    }
+                    d = ds[r % NSET];
+                    if (r == 2) {
+                        msv_gsampler_paths(g, pa);
                     }
                     if (msv_gsampler_run(g, d, sr, n, res, err,
                                          sizeof(err)) != 0)
@@ -211,6 +245,7 @@ main(int argc, char **argv)
                         pm[0][r - 2] = parts[0];
                         pm[1][r - 2] = parts[1];
                         pm[2][r - 2] = parts[2];
+                        pm[3][r - 2] = parts[3];
                     }
                     bytes = 0;
                     for (i = 0; i < n; i++) {
@@ -219,21 +254,36 @@ main(int argc, char **argv)
                 }
                 qsort(km, reps, sizeof(double), cmp_d);
                 qsort(cm, reps, sizeof(double), cmp_d);
-                for (i = 0; i < 3; i++) {
+                for (i = 0; i < 4; i++) {
                     qsort(pm[i], reps, sizeof(double), cmp_d);
                 }
                 kmed = km[reps / 2];
                 cmed = cm[reps / 2];
+                if (msv_gsampler_paths(g, pb) == 1) {
+                    printf("  rows by path in the timed steps: predicted "
+                           "%llu, histogram %llu, resident %llu\n",
+                           pb[0] - pa[0], pb[1] - pa[1], pb[2] - pa[2]);
+                }
                 printf("batch %u, %s, mask %s: kernels %.4f ms (uploads "
-                       "%.4f, sampling %.4f, packing %.4f), copy %.4f ms "
-                       "(%.0f bytes)\n", n, cases[ci].name, modes[mi], kmed,
-                       pm[0][reps / 2], pm[1][reps / 2], pm[2][reps / 2],
-                       cmed, bytes);
+                       "%.4f, streaming %.4f, resident %.4f, packing %.4f), "
+                       "copy %.4f ms (%.0f bytes)\n", n, cases[ci].name,
+                       modes[mi], kmed, pm[0][reps / 2], pm[1][reps / 2],
+                       pm[2][reps / 2], pm[3][reps / 2], cmed, bytes);
                 if (prof && msv_gsampler_profile(g, cyc) > 0) {
-                    printf("  stage cycles: load %.0f, max %.0f, histogram "
-                           "%.0f, compaction %.0f, gather %.0f, select "
-                           "%.0f, race+capture %.0f\n", cyc[0], cyc[1],
-                           cyc[2], cyc[3], cyc[4], cyc[5], cyc[6]);
+                    if (msv_gsampler_paths(g, pb) == 1) {
+                        printf("  stage cycles (streaming kernel; the "
+                               "resident one's for the rows it took): walk "
+                               "and max %.0f, -, histogram and compaction "
+                               "%.0f, count %.0f, gather %.0f, select %.0f, "
+                               "race+capture %.0f\n", cyc[0] + cyc[1],
+                               cyc[2], cyc[3], cyc[4], cyc[5], cyc[6]);
+                    } else {
+                        printf("  stage cycles: load %.0f, max %.0f, "
+                               "histogram %.0f, compaction %.0f, gather "
+                               "%.0f, select %.0f, race+capture %.0f\n",
+                               cyc[0], cyc[1], cyc[2], cyc[3], cyc[4],
+                               cyc[5], cyc[6]);
+                    }
                 }
                 tl += snprintf(table + tl, sizeof(table) - tl,
                                "| %u | %s | %s | %.4f | %.4f | %.0f |\n", n,

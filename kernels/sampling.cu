@@ -50,9 +50,14 @@ namespace cg = cooperative_groups;
 #define MSV_GS_CLUSTER   8          /* blocks per row */
 #define MSV_GS_THREADS   512
 #define MSV_GS_WARPS     (MSV_GS_THREADS / 32)
+#define MSV_GS_NT        blockDim.x /* threads of the running kernel's blocks */
+#define MSV_GS_NW        (blockDim.x >> 5)
 #define MSV_GS_MAX_CHUNK 49152      /* floats of a row slice in smem */
 #define MSV_GS_NX        24         /* scalar exchanges per kernel */
-#define MSV_GS_NH        8          /* count histograms per kernel */
+#define MSV_GS_NH        2          /* histogram slots: rounds alternate,
+                                       and a block reuses a slot only after
+                                       a later round's barrier, when no
+                                       block still reads it */
 #define MSV_GS_MAX_MASK  (MSV_MAX_STOP + MSV_MAX_EOS)
 #define MSV_GS_PACK_THREADS 512
 #define MSV_GS_NB        128        /* candidate bins: 1/4 nat below max */
@@ -69,7 +74,8 @@ enum {
     MSV_GS_TOPK   = 1u << 4,
     MSV_GS_TOPP   = 1u << 5,
     MSV_GS_MINP   = 1u << 6,
-    MSV_GS_CAPT   = 1u << 7         /* a mask or logprobs was asked */
+    MSV_GS_CAPT   = 1u << 7,        /* a mask or logprobs was asked */
+    MSV_GS_FAST   = 1u << 8         /* the streaming kernel may take it */
 };
 
 /* One row of a step, as the kernels read it. */
@@ -128,6 +134,9 @@ struct msv_gs_state {
     uint32_t  *count;               /* [slots][vocab] output counts */
     uint32_t  *seen;                /* [slots][words] prompt or output */
     uint32_t   words;
+    float     *pred_t;              /* [slots] candidate floor predicted
+                                       for the next step (NaN: none) */
+    float     *pred_g;              /* [slots] its gap below the cut */
 };
 
 struct msv_gsampler {
@@ -159,6 +168,11 @@ struct msv_gsampler {
     uint8_t             *d_up;
     size_t               up_cap;
 
+    int                  stream_on;  /* the streaming kernel runs first */
+    uint32_t            *d_slow;     /* [max_rows] left to the resident
+                                        kernel */
+    unsigned long long  *d_paths;    /* rows a path took: predicted,
+                                        histogram, resident */
     int32_t             *d_ids;      /* [max_rows][vocab] support ids */
     float               *d_lps;      /* [max_rows][vocab] their lps */
     uint64_t            *d_topk;     /* [max_rows][max_lp] rank keys */
@@ -171,7 +185,9 @@ struct msv_gsampler {
     long long           *h_prof;
     cudaEvent_t          ev0, ev1, eva, evb;
     float                last_ms;
-    float                part_ms[3];     /* uploads, sampling, packing */
+    float                part_ms[4];     /* uploads, streaming kernel,
+                                            resident kernel, packing */
+    cudaEvent_t          evs;
     uint32_t             prof_rows;
 };
 
@@ -183,7 +199,7 @@ struct msv_gs_smem {
     uint64_t   x[MSV_GS_NX][4];     /* scalar exchanges, one slot each */
     uint64_t   g[MSV_GS_CLUSTER][4];/* gathered words of the last one */
     uint32_t   h[MSV_GS_NH][256];   /* count histograms, one slot each */
-    uint32_t   wh[4][256][2];       /* top-p weight histograms, (lo, hi):
+    uint32_t   wh[MSV_GS_NH][256][2];   /* top-p weights, (lo, hi):
                                        32-bit atomics are native, 64-bit
                                        ones a compare-and-swap loop */
     uint64_t   H[256];              /* the cluster's sum of the last one */
@@ -193,12 +209,22 @@ struct msv_gs_smem {
     float      saved[MSV_GS_MAX_MASK];
     uint32_t   bh[MSV_GS_NB];       /* this block's candidate bins */
     uint32_t   bs[MSV_GS_NB];       /* the cluster's */
-    uint16_t   ix[MSV_GS_CAP];      /* compacted candidates' offsets */
     uint32_t   own;                 /* this block's candidates */
     uint32_t   nr;                  /* blocks still at work: 8, or 1 once
                                        block 0 gathered every candidate */
     uint32_t  *gid;                 /* then: the candidates' ids */
 };
+
+/* Every block of the cluster at work, on its own slice's ids. */
+__device__ static void
+msv_gs_start(msv_gs_smem &S)
+{
+    if (threadIdx.x == 0) {
+        S.nr = MSV_GS_CLUSTER;
+        S.gid = NULL;
+    }
+    __syncthreads();
+}
 
 /* Publish four words as exchange k, then gather every block's four. */
 __device__ static void
@@ -243,20 +269,19 @@ msv_gs_hist_sum(cg::cluster_group &cl, msv_gs_smem &S, int k, bool weights)
     } else {
         __syncthreads();
     }
-    if (threadIdx.x < 256) {
+    for (uint32_t b = threadIdx.x; b < 256; b += MSV_GS_NT) {
         uint64_t  s = 0;
 
         for (uint32_t r = 0; r < S.nr; r++) {
             if (weights) {
-                const uint32_t  *p =
-                    cl.map_shared_rank(&S.wh[k][threadIdx.x][0], r);
+                const uint32_t  *p = cl.map_shared_rank(&S.wh[k][b][0], r);
 
                 s += ((uint64_t) p[1] << 32) + p[0];
             } else {
-                s += *cl.map_shared_rank(&S.h[k][threadIdx.x], r);
+                s += *cl.map_shared_rank(&S.h[k][b], r);
             }
         }
-        S.H[threadIdx.x] = s;
+        S.H[b] = s;
     }
     __syncthreads();
 }
@@ -274,7 +299,7 @@ msv_gs_sum64(msv_gs_smem &S, uint64_t v)
     }
     __syncthreads();
     v = 0;
-    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+    for (uint32_t k = 0; k < MSV_GS_NW; k++) {
         v += S.red[k][0];
     }
     __syncthreads();
@@ -301,7 +326,7 @@ msv_gs_sum128(msv_gs_smem &S, uint64_t *hi, uint64_t *lo)
     __syncthreads();
     h = 0;
     l = 0;
-    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+    for (uint32_t k = 0; k < MSV_GS_NW; k++) {
         ol = S.red[k][1];
         l += ol;
         h += S.red[k][0] + (l < ol);
@@ -352,7 +377,7 @@ msv_gs_best(msv_gs_smem &S, float *v, uint32_t *id, uint32_t *cnt)
     bv = -INFINITY;
     bi = UINT32_MAX;
     c = 0;
-    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+    for (uint32_t k = 0; k < MSV_GS_NW; k++) {
         ov = __uint_as_float((uint32_t) S.red[k][0]);
         oi = (uint32_t) S.red[k][1];
         if (msv_gs_better(bv, bi, ov, oi)) {
@@ -395,7 +420,7 @@ msv_gs_best_key(msv_gs_smem &S, double *key, uint32_t *id, float *z)
     bk = -INFINITY;
     bi = UINT32_MAX;
     bz = -INFINITY;
-    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+    for (uint32_t k = 0; k < MSV_GS_NW; k++) {
         ok = __longlong_as_double((long long) S.red[k][0]);
         oi = (uint32_t) S.red[k][1];
         if (msv_gs_better_d(bk, bi, ok, oi)) {
@@ -423,7 +448,7 @@ msv_gs_scan(msv_gs_smem &S, bool pred, uint32_t *total)
         S.wsum[w] = __popc(m);
     }
     __syncthreads();
-    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+    for (uint32_t k = 0; k < MSV_GS_NW; k++) {
         c = S.wsum[k];
         base += k < w ? c : 0;
         tot += c;
@@ -490,6 +515,53 @@ msv_gs_bin_of_k(msv_gs_smem &S, uint64_t k)
     }
 }
 
+/*
+ * From the warps' candidate bins wh[][] just counted: the block's (S.bh),
+ * the cluster's (S.bs), the count of finite logits >= lo in them (*n1),
+ * and the last bin the support can reach: the one holding the k-th
+ * (top_k), or every bin with a top-p weight (top_p alone), or the last.
+ */
+__device__ static uint32_t
+msv_gs_bins(cg::cluster_group &cl, msv_gs_smem &S, const struct msv_gs_row &R,
+    uint32_t (*wh)[MSV_GS_NB], uint64_t *n1)
+{
+    uint32_t  i, r, bsel = MSV_GS_NB - 1;
+    uint64_t  c1 = 0;
+
+    __syncthreads();
+    for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_NT) {
+        uint32_t  c = 0;
+
+        for (r = 0; r < MSV_GS_NW; r++) {
+            c += wh[r][i];
+        }
+        S.bh[i] = c;
+    }
+    cl.sync();
+    for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_NT) {
+        uint32_t  c = 0;
+
+        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+            c += *cl.map_shared_rank(&S.bh[i], r);
+        }
+        S.bs[i] = c;
+    }
+    __syncthreads();
+    for (i = 0; i < MSV_GS_NB; i++) {
+        c1 += S.bs[i];
+    }
+    if ((R.flags & MSV_GS_TOPP) && !(R.flags & MSV_GS_TOPK)) {
+        bsel = MSV_GS_QBIN;
+    }
+    if ((R.flags & MSV_GS_TOPK) && (uint64_t) R.top_k < c1) {
+        uint32_t  bk = msv_gs_bin_of_k(S, (uint64_t) R.top_k);
+
+        bsel = bk < bsel ? bk : bsel;
+    }
+    *n1 = c1;
+    return bsel;
+}
+
 /* Element i of a block's slice in use, its id and value: the slice
  * itself, or its candidates (ix: their offsets in the slice, ascending). */
 #define MSV_GS_ID(i)   (S.gid != NULL ? S.gid[i]                        \
@@ -514,7 +586,7 @@ msv_gs_xscan(msv_gs_smem &S, uint32_t v, uint32_t *total)
         S.wsum[w] = inc;
     }
     __syncthreads();
-    for (uint32_t k = 0; k < MSV_GS_WARPS; k++) {
+    for (uint32_t k = 0; k < MSV_GS_NW; k++) {
         c = S.wsum[k];
         base += k < w ? c : 0;
         tot += c;
@@ -619,7 +691,7 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
     uint32_t  br = cl.block_rank(), r, i, tot, pre, mine;
     uint64_t  cnt = 0, before = 0, owner = MSV_GS_CLUSTER;
 
-    for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+    for (i = threadIdx.x; i < n; i += MSV_GS_NT) {
         float  x = MSV_GS_VAL(i);
 
         cnt += msv_gs_in(x, MSV_GS_ID(i), lo, bound) && msv_fkey(x) == key;
@@ -638,7 +710,7 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
     if (owner == br) {
         uint64_t  left = need - before;     /* 1-based within the slice */
 
-        for (uint32_t t0 = 0; t0 < n; t0 += MSV_GS_THREADS) {
+        for (uint32_t t0 = 0; t0 < n; t0 += MSV_GS_NT) {
             i = t0 + threadIdx.x;
             float x = i < n ? MSV_GS_VAL(i) : -INFINITY;
             bool  p = i < n && msv_gs_in(x, MSV_GS_ID(i), lo, bound)
@@ -678,7 +750,7 @@ msv_gs_key_range(cg::cluster_group &cl, msv_gs_smem &S, int xk,
     uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, r;
     uint32_t  mn = UINT32_MAX, mx = 0, o;
 
-    for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+    for (i = threadIdx.x; i < n; i += MSV_GS_NT) {
         float  x = MSV_GS_VAL(i);
 
         if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
@@ -701,7 +773,7 @@ msv_gs_key_range(cg::cluster_group &cl, msv_gs_smem &S, int xk,
     __syncthreads();
     mn = UINT32_MAX;
     mx = 0;
-    for (i = 0; i < MSV_GS_WARPS; i++) {
+    for (i = 0; i < MSV_GS_NW; i++) {
         mn = (uint32_t) S.red[i][0] < mn ? (uint32_t) S.red[i][0] : mn;
         mx = (uint32_t) S.red[i][1] > mx ? (uint32_t) S.red[i][1] : mx;
     }
@@ -719,11 +791,11 @@ msv_gs_key_range(cg::cluster_group &cl, msv_gs_smem &S, int xk,
 
 /*
  * Count mode selection: the rank-key bound of the k-th best (1-based)
- * element of the current set.  Uses histograms hk .. hk + 3 and
+ * element of the current set.  Uses the histogram slots and
  * exchanges xk .. xk + 2.
  */
 __device__ static uint64_t
-msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
+msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int xk,
     const float *z, const uint16_t *ix, uint32_t n, uint32_t c0, float lo,
     uint64_t bound, uint64_t k)
 {
@@ -741,19 +813,19 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int hk, int xk,
     prefix &= mask;
 
     for (int r = 0; r < 4 && shift <= 24; r++, shift -= 8) {
-        for (i = threadIdx.x; i < 256; i += MSV_GS_THREADS) {
-            S.h[hk + r][i] = 0;
+        for (i = threadIdx.x; i < 256; i += MSV_GS_NT) {
+            S.h[r & 1][i] = 0;
         }
         __syncthreads();
-        for (i = threadIdx.x; i < n; i += MSV_GS_THREADS) {
+        for (i = threadIdx.x; i < n; i += MSV_GS_NT) {
             float     x = MSV_GS_VAL(i);
             uint32_t  u = msv_fkey(x);
 
             if (msv_gs_in(x, MSV_GS_ID(i), lo, bound) && (u & mask) == prefix) {
-                atomicAdd(&S.h[hk + r][(u >> shift) & 255], 1u);
+                atomicAdd(&S.h[r & 1][(u >> shift) & 255], 1u);
             }
         }
-        msv_gs_hist_sum(cl, S, hk + r, false);
+        msv_gs_hist_sum(cl, S, r & 1, false);
         digit = msv_gs_digit(S, 0, &need, &dummy, 0.0);
         prefix |= digit << shift;
         mask |= 255u << shift;
@@ -775,7 +847,11 @@ static __device__ __forceinline__ float
 msv_gs_penalize(float x, uint32_t id, uint32_t fl, const struct msv_gs_row &R,
     const uint32_t *sn, const uint32_t *cn)
 {
-    if ((fl & MSV_GS_REP) && (sn[id >> 5] >> (id & 31)) & 1u) {
+    /* an id with an output count is a seen id: one bit to test first */
+    if (!((sn[id >> 5] >> (id & 31)) & 1u)) {
+        return x;
+    }
+    if (fl & MSV_GS_REP) {
         x = msv_rep_penalty(x, R.rep);
     }
     if ((fl & MSV_GS_FREQ) && cn[id] > 0) {
@@ -802,13 +878,6 @@ msv_gs_note(float x, uint32_t id, float *m, uint32_t *amax, uint32_t *cnt)
 /* ------------------------------------------------------------------ */
 /* The sampling kernel: one cluster per row                             */
 
-__global__ void __cluster_dims__(MSV_GS_CLUSTER, 1, 1)
-__launch_bounds__(MSV_GS_THREADS, 2)
-msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
-    const struct msv_gs_row *rows, struct msv_gs_state st,
-    int32_t *out_ids, float *out_lps, uint64_t *top_key, float *top_lp,
-    uint32_t max_lp, struct msv_gs_res *res, long long *prof)
-{
 /* stage times of block 0 (bench/gpu_sampler -p): SM clock at each mark */
 #define MSV_GS_MARK(k)                                                   \
     do {                                                                 \
@@ -817,9 +886,302 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         }                                                                \
     } while (0)
 
+/* The token joins the request's history for the next step's penalties
+ * (its slice's block is the only reader of that entry); then no block
+ * leaves while another may still read its shared memory. */
+__device__ static void
+msv_gs_update(cg::cluster_group &cl, msv_gs_smem &S,
+    const struct msv_gs_row &R, const struct msv_gs_state &st, uint32_t V,
+    uint32_t c0, uint32_t n, uint32_t amax)
+{
+    const uint32_t  fl = R.flags;
+
+    if ((fl & (MSV_GS_REP | MSV_GS_FREQ)) && threadIdx.x == 0
+        && (S.nr == 1 || (amax >= c0 && amax < c0 + n)))
+    {
+        st.count[(size_t) R.slot * V + amax]++;
+        st.seen[(size_t) R.slot * st.words + (amax >> 5)] |= 1u << (amax & 31);
+    }
+    /* no block leaves while another may still read its shared memory */
+    if (S.nr != 1) {
+        cl.sync();
+    }
+}
+
+
+/*
+ * Stages 6-9 (top_k, top_p, the race, capture) and the history update,
+ * over what each block holds: its slice, its candidates, or (S.nr == 1)
+ * every candidate of the row in block 0.  Returns the rank-key bound
+ * that top_k set (UINT64_MAX: none).
+ */
+__device__ static uint64_t
+msv_gs_finish(cg::cluster_group &cl, msv_gs_smem &S,
+    const struct msv_gs_row &R, uint32_t ri, int xk, const float *z,
+    const uint16_t *ix, uint32_t nn, uint32_t c0, uint32_t n, uint32_t V,
+    float m, uint32_t amax, float lo, uint64_t n1,
+    const struct msv_gs_state &st, int32_t *out_ids, float *out_lps,
+    uint64_t *top_key, float *top_lp, uint32_t max_lp,
+    struct msv_gs_res *res, long long *prof)
+{
+    const uint32_t  br = cl.block_rank();
+    const uint32_t  fl = R.flags;
+    uint64_t        bound = UINT64_MAX, bk = UINT64_MAX;
+    uint32_t        i, id, r;
+    float           x;
+
+    MSV_GS_MARK(5);
+
+    /* 6. top_k: the k-th of the survivors, if there are more than k */
+    if (fl & MSV_GS_TOPK) {
+        if ((uint64_t) R.top_k < n1) {
+            bound = msv_gs_select_k(cl, S, xk, z, ix, nn, c0, lo, bound,
+                                    (uint64_t) R.top_k);
+            xk += 3;
+        }
+    }
+    bk = bound;
+
+    /* 7. top_p: integer weights, the first prefix reaching tau */
+    if (fl & MSV_GS_TOPP) {
+        uint64_t  w = 0, above = 0, dummy = 0, q;
+        uint32_t  prefix = 0, mask = 0, shift, digit;
+        double    tau, d;
+        const double  md = (double) m;
+
+        for (i = threadIdx.x; i < nn; i += MSV_GS_NT) {
+            x = MSV_GS_VAL(i);
+            if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
+                w += msv_weight((double) x - md);
+            }
+        }
+        w = msv_gs_sum64(S, w);
+        msv_gs_exchange(cl, S, xk++, w, 0, 0, 0);
+        w = 0;
+        for (r = 0; r < S.nr; r++) {
+            w += S.g[r][0];
+        }
+        tau = (double) R.top_p * (double) w;
+
+        for (int rd = 0; rd < 4; rd++) {
+            shift = 24 - 8 * rd;
+            for (i = threadIdx.x; i < 256; i += MSV_GS_NT) {
+                S.wh[rd & 1][i][0] = 0;
+                S.wh[rd & 1][i][1] = 0;
+            }
+            __syncthreads();
+            for (i = threadIdx.x; i < nn; i += MSV_GS_NT) {
+                x = MSV_GS_VAL(i);
+                uint32_t  u = msv_fkey(x);
+
+                if (msv_gs_in(x, MSV_GS_ID(i), lo, bound) && (u & mask) == prefix) {
+                    d = (double) x - md;
+                    q = msv_weight(d);
+                    if (q > 0) {
+                        uint32_t  *c = S.wh[rd & 1][(u >> shift) & 255];
+                        uint32_t   ql = (uint32_t) q, old;
+                        uint32_t   qh = (uint32_t) (q >> 32);
+
+                        old = atomicAdd(&c[0], ql);
+                        qh += old + ql < old;       /* the carry */
+                        if (qh != 0) {
+                            atomicAdd(&c[1], qh);
+                        }
+                    }
+                }
+            }
+            msv_gs_hist_sum(cl, S, rd & 1, true);
+            digit = msv_gs_digit(S, 1, &dummy, &above, tau);
+            prefix |= digit << shift;
+            mask |= 255u << shift;
+        }
+
+        /* every id with this key weighs the same: take the fewest, in id
+         * order, that reach tau */
+        {
+            uint64_t  qv = msv_weight((double) msv_fkey_value(prefix) - md);
+            uint64_t  j;
+
+            j = qv > 0 ? (uint64_t) ((tau - (double) above) / (double) qv)
+                       : 1;
+            if (j < 1) {
+                j = 1;
+            }
+            while (j > 1 && (double) (above + (j - 1) * qv) >= tau) {
+                j--;
+            }
+            while ((double) (above + j * qv) < tau) {
+                j++;
+            }
+            id = msv_gs_cut(cl, S, xk, z, ix, nn, c0, prefix, lo, bound, j);
+            xk += 2;
+            q = ((uint64_t) (uint32_t) ~prefix << 32) | id;
+            bound = q < bound ? q : bound;
+        }
+    }
+
+    MSV_GS_MARK(6);
+
+    /* 8. the race: argmax over S of z' + Gumbel, from the max's key */
+    {
+        double    best, key;
+        uint32_t  tok = amax;
+        float     zt = m;
+
+        best = (double) m + msv_gumbel(msv_philox_bits(R.seed, R.t, amax));
+        for (i = threadIdx.x; i < nn; i += MSV_GS_NT) {
+            x = MSV_GS_VAL(i);
+            id = MSV_GS_ID(i);
+            if (id == amax || (double) x + MSV_GUMBEL_MAX < best
+                || !msv_gs_in(x, id, lo, bound))
+            {
+                continue;
+            }
+            key = (double) x + msv_gumbel(msv_philox_bits(R.seed, R.t, id));
+            if (msv_gs_better_d(best, tok, key, id)) {
+                best = key;
+                tok = id;
+                zt = x;
+            }
+        }
+        msv_gs_best_key(S, &best, &tok, &zt);
+        msv_gs_exchange(cl, S, xk++, (uint64_t) __double_as_longlong(best),
+                        tok, __float_as_uint(zt), 0);
+        best = -INFINITY;
+        tok = UINT32_MAX;
+        for (r = 0; r < S.nr; r++) {
+            key = __longlong_as_double((long long) S.g[r][0]);
+            if (msv_gs_better_d(best, tok, key, (uint32_t) S.g[r][1])) {
+                best = key;
+                tok = (uint32_t) S.g[r][1];
+                zt = __uint_as_float((uint32_t) S.g[r][2]);
+            }
+        }
+        amax = tok;                     /* from here on: the token */
+        x = zt;
+    }
+
+    if (!(fl & MSV_GS_CAPT)) {
+        if (br == 0 && threadIdx.x == 0) {
+            res[ri].token = (int32_t) amax;
+            res[ri].logprob = 0.0f;
+            res[ri].n_support = 0;
+            res[ri].n_lps = 0;
+            res[ri].n_top = 0;
+            res[ri].bytes = msv_row_size(0, 0, 0);
+        }
+        goto update;
+    }
+
+    /* 9. capture: the exact logsumexp, S in id order, top logprobs */
+    {
+        const double  md = (double) m;
+        const float   tokz = x;
+        uint64_t      hi = 0, lo64 = 0, t, ns = 0, base = 0, nS = 0;
+        uint32_t      tot, pre;
+        double        L;
+
+        for (i = threadIdx.x; i < nn; i += MSV_GS_NT) {
+            x = MSV_GS_VAL(i);
+            if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
+                t = msv_lse_term((double) x - md);
+                lo64 += t;
+                hi += lo64 < t;
+                ns++;
+            }
+        }
+        msv_gs_sum128(S, &hi, &lo64);
+        ns = msv_gs_sum64(S, ns);
+        msv_gs_exchange(cl, S, xk++, hi, lo64, ns, 0);
+        hi = 0;
+        lo64 = 0;
+        for (r = 0; r < S.nr; r++) {
+            lo64 += S.g[r][1];
+            hi += S.g[r][0] + (lo64 < S.g[r][1]);
+            base += r < br ? S.g[r][2] : 0;
+            nS += S.g[r][2];
+        }
+        L = msv_lse_log(hi, lo64);
+
+        if (R.mode != MSV_MASK_OFF) {
+            int32_t  *oi = out_ids + (size_t) ri * V + base;
+            float    *ol = out_lps + (size_t) ri * V + base;
+
+            for (uint32_t t0 = 0; t0 < nn; t0 += MSV_GS_NT) {
+                i = t0 + threadIdx.x;
+                x = i < nn ? MSV_GS_VAL(i) : -INFINITY;
+                bool  p = i < nn && msv_gs_in(x, MSV_GS_ID(i), lo, bound);
+
+                pre = msv_gs_scan(S, p, &tot);
+                if (p) {
+                    oi[pre] = (int32_t) (MSV_GS_ID(i));
+                    if (R.mode == MSV_MASK_SUPPORT) {
+                        ol[pre] = msv_lp((double) x - md, L);
+                    }
+                }
+                oi += tot;
+                ol += tot;
+            }
+        }
+
+        uint32_t  nt = 0;
+
+        if (R.logprobs > 0) {
+            uint64_t  tb = bound;
+
+            nt = (uint64_t) R.logprobs < nS ? (uint32_t) R.logprobs
+                                            : (uint32_t) nS;
+            if (nt < nS) {
+                tb = msv_gs_select_k(cl, S, xk, z, ix, nn, c0, lo, bound, nt);
+                xk += 3;
+            }
+            for (i = threadIdx.x; i < nn; i += MSV_GS_NT) {
+                x = MSV_GS_VAL(i);
+                if (msv_gs_in(x, MSV_GS_ID(i), lo, tb)) {
+                    uint32_t  at = atomicAdd(&res[ri].top_fill, 1u);
+
+                    top_key[(size_t) ri * max_lp + at] =
+                        msv_rank_key(x, MSV_GS_ID(i));
+                    top_lp[(size_t) ri * max_lp + at] =
+                        msv_lp((double) x - md, L);
+                }
+            }
+        }
+
+        if (br == 0 && threadIdx.x == 0) {
+            uint32_t  nsup = R.mode != MSV_MASK_OFF ? (uint32_t) nS : 0;
+            uint32_t  nl = R.mode == MSV_MASK_SUPPORT ? nsup
+                           : (R.mode == MSV_MASK_SELECTED ? 1 : 0);
+
+            res[ri].token = (int32_t) amax;
+            res[ri].logprob = msv_lp((double) tokz - md, L);
+            res[ri].n_support = nsup;
+            res[ri].n_lps = nl;
+            res[ri].n_top = nt;
+            res[ri].bytes = msv_row_size(nsup, nl, nt);
+        }
+    }
+
+update:
+    MSV_GS_MARK(7);
+    msv_gs_update(cl, S, R, st, V, c0, n, amax);
+    return bk;
+}
+
+
+__global__ void __cluster_dims__(MSV_GS_CLUSTER, 1, 1)
+__launch_bounds__(MSV_GS_THREADS, 2)
+msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
+    const struct msv_gs_row *rows, struct msv_gs_state st,
+    int32_t *out_ids, float *out_lps, uint64_t *top_key, float *top_lp,
+    uint32_t max_lp, struct msv_gs_res *res, const uint32_t *slow,
+    long long *prof)
+{
     cg::cluster_group            cl = cg::this_cluster();
     extern __shared__ float      z[];
     __shared__ msv_gs_smem       S;
+    __shared__ uint16_t          sx[MSV_GS_CAP];    /* candidates' offsets */
+    __shared__ uint32_t          rwh[MSV_GS_WARPS][MSV_GS_NB];  /* bins */
 
     const uint32_t  br = cl.block_rank();
     const uint32_t  ri = blockIdx.x / MSV_GS_CLUSTER;
@@ -832,13 +1194,12 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
     uint32_t  i, id, cnt, amax, n_fin, r;
     float     x, m, lo;
 
-    if (threadIdx.x == 0) {
-        S.nr = MSV_GS_CLUSTER;
-        S.gid = NULL;
+    /* a row the streaming kernel finished (every block reads the same) */
+    if (slow != NULL && slow[ri] == 0) {
+        return;
     }
-    __syncthreads();
+    msv_gs_start(S);
     MSV_GS_MARK(0);
-    uint64_t  bound = UINT64_MAX;
     int       xk = 0;
 
     const uint16_t  *ix = NULL;     /* candidates compacted (see 5.) */
@@ -1016,7 +1377,9 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             top_key[(size_t) ri * max_lp] = msv_rank_key(m, amax);
             top_lp[(size_t) ri * max_lp] = 0.0f;
         }
-        goto update;
+        MSV_GS_MARK(7);
+        msv_gs_update(cl, S, R, st, V, c0, n, amax);
+        return;
     }
 
     /* 5. min_p: a float floor */
@@ -1038,7 +1401,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
 
         /* a histogram per warp (in the selection histograms' space, free
          * until then), so atomics contend within a warp only */
-        uint32_t  (*wh)[MSV_GS_NB] = (uint32_t (*)[MSV_GS_NB]) &S.h[0][0];
+        uint32_t  (*wh)[MSV_GS_NB] = rwh;
 
         for (i = threadIdx.x; i < MSV_GS_WARPS * MSV_GS_NB;
              i += MSV_GS_THREADS)
@@ -1052,38 +1415,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                 atomicAdd(&wh[threadIdx.x >> 5][msv_gs_bin(m, x)], 1u);
             }
         }
-        __syncthreads();
-        for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_THREADS) {
-            uint32_t  c = 0;
-
-            for (uint32_t w = 0; w < MSV_GS_WARPS; w++) {
-                c += wh[w][i];
-            }
-            S.bh[i] = c;
-        }
-        cl.sync();
-        for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_THREADS) {
-            uint32_t  c = 0;
-
-            for (r = 0; r < S.nr; r++) {
-                c += *cl.map_shared_rank(&S.bh[i], r);
-            }
-            S.bs[i] = c;
-        }
-        __syncthreads();
-
-        n1 = 0;
-        for (i = 0; i < MSV_GS_NB; i++) {
-            n1 += S.bs[i];
-        }
-        if ((fl & MSV_GS_TOPP) && !(fl & MSV_GS_TOPK)) {
-            bsel = MSV_GS_QBIN;
-        }
-        if ((fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1) {
-            uint32_t  bk = msv_gs_bin_of_k(S, (uint64_t) R.top_k);
-
-            bsel = bk < bsel ? bk : bsel;
-        }
+        bsel = msv_gs_bins(cl, S, R, wh, &n1);
         uint32_t  all = 0;
 
         for (i = threadIdx.x; i <= bsel; i += MSV_GS_THREADS) {
@@ -1118,7 +1450,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
             for (i = a0; i < a1 && c > 0; i++) {
                 x = z[i];
                 if (x >= lo && msv_gs_bin(m, x) <= bsel) {
-                    S.ix[at++] = (uint16_t) i;
+                    sx[at++] = (uint16_t) i;
                     c--;
                 }
             }
@@ -1126,7 +1458,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
                 S.own = tot;
             }
             __syncthreads();
-            ix = S.ix;
+            ix = sx;
             nn = tot;
 
             /*
@@ -1165,7 +1497,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
 
                     for (r = 0; r < MSV_GS_CLUSTER; r++) {
                         const float     *rz = cl.map_shared_rank(z, r);
-                        const uint16_t  *rx = cl.map_shared_rank(S.ix, r);
+                        const uint16_t  *rx = cl.map_shared_rank(sx, r);
                         const uint32_t   nr_ = *cl.map_shared_rank(&S.own, r);
 
                         for (uint32_t j = threadIdx.x; j < nr_;
@@ -1195,250 +1527,639 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
         }
     }
 
-    MSV_GS_MARK(5);
+    (void) msv_gs_finish(cl, S, R, ri, xk, z, ix, nn, c0, n, V, m, amax, lo,
+                         n1, st, out_ids, out_lps, top_key, top_lp, max_lp,
+                         res, prof);
+}
 
-    /* 6. top_k: the k-th of the survivors, if there are more than k */
-    if (fl & MSV_GS_TOPK) {
-        if ((uint64_t) R.top_k < n1) {
-            bound = msv_gs_select_k(cl, S, 0, xk, z, ix, nn, c0, lo, bound,
-                                    (uint64_t) R.top_k);
-            xk += 3;
+
+/* ------------------------------------------------------------------ */
+/* The streaming kernel: candidates only in shared memory               */
+
+/*
+ * A cluster of MSV_GS_CLUSTER blocks still takes a row, but a block keeps
+ * only the candidates of its slice, not the slice: its warps each walk a
+ * span of the slice once, in id order, and keep the logits at or above a
+ * floor t predicted from the request's previous step (st.pred_t) in a
+ * region of their own.  One exchange gives the max and how many logits
+ * are >= t; the candidates are the whole support whenever
+ *   - top_k: at least k logits are >= t (the k best are then >= t), or
+ *   - min_p: t <= the min_p floor, or
+ *   - top_p alone: t is below every logit with a top-p weight,
+ * and no warp's region overflowed.  Otherwise the row reads its slice
+ * twice more (from L2, mostly: it read it a moment ago): a histogram of
+ * the bins below the max, as the resident kernel makes, then the
+ * compaction of the bins that hold the support.  Rows whose candidates
+ * do not fit even then, and rows this kernel does not take (logit bias,
+ * an active min_tokens mask, no truncation at all), are left to the
+ * resident kernel (slow[row] = 1).  Stages 6-9 are the resident
+ * kernel's, on the candidates: the result is the same, bit for bit.
+ *
+ * A block has 128 threads and ~26 KB of shared memory (the resident
+ * kernel's: 512 and ~105 KB), so eight fit an SM and up to four times
+ * as many rows are in flight; each logit is read from device memory
+ * once when the prediction holds.
+ */
+#define MSV_GS_ST_THREADS 128
+#define MSV_GS_ST_WARPS   (MSV_GS_ST_THREADS / 32)
+#define MSV_GS_WCAP       512       /* candidates a warp keeps */
+#define MSV_GS_ST_CAP     (MSV_GS_ST_WARPS * MSV_GS_WCAP)
+#define MSV_GS_PRED_MAX   12288     /* candidates a prediction aims at */
+
+/* A logit as every stage sees it (rows here have no bias and no mask).
+ * PROC 0: cleaned only (temperature 1, no penalties); 1: and divided by
+ * the temperature; 2: whatever the row asks. */
+template <int PROC>
+static __device__ __forceinline__ float
+msv_gs_proc(float raw, uint32_t id, uint32_t fl, const struct msv_gs_row &R,
+    const uint32_t *sn, const uint32_t *cn, float temp)
+{
+    float  x = msv_clean(raw);
+
+    if (PROC == 2 && (fl & (MSV_GS_REP | MSV_GS_FREQ))) {
+        x = msv_gs_penalize(x, id, fl, R, sn, cn);
+    }
+    if (PROC == 1 || (PROC == 2 && temp != 1.0f)) {
+        x = msv_temp_div(x, temp);
+    }
+    return x;
+}
+
+/* Keep the logits of one step of a warp (up to 8 a lane, in id order
+ * across the warp: lane-major within each group of four) where p[] is
+ * set, at the warp's count; returns the new count (which may pass
+ * MSV_GS_WCAP: those beyond are counted, not kept). */
+static __device__ __forceinline__ uint32_t
+msv_gs_keep4(uint32_t kept, const float *x, const bool *p, uint32_t id0,
+    float *wz, uint32_t *wi)
+{
+    const uint32_t  lt = (1u << (threadIdx.x & 31)) - 1;
+    uint32_t        b[4], at = kept, tot = 0;
+
+    if (!__any_sync(0xffffffffu, p[0] | p[1] | p[2] | p[3])) {
+        return kept;                    /* most steps of a walk */
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        b[j] = __ballot_sync(0xffffffffu, p[j]);
+        at += __popc(b[j] & lt);
+        tot += __popc(b[j]);
+    }
+    if (b[0] | b[1] | b[2] | b[3]) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (p[j]) {
+                if (at < MSV_GS_WCAP) {
+                    wz[at] = x[j];
+                    wi[at] = id0 + j;
+                }
+                at++;
+            }
         }
     }
+    return kept + tot;
+}
 
-    /* 7. top_p: integer weights, the first prefix reaching tau */
-    if (fl & MSV_GS_TOPP) {
-        uint64_t  w = 0, above = 0, dummy = 0, q;
-        uint32_t  prefix = 0, mask = 0, shift, digit;
-        double    tau, d;
-        const double  md = (double) m;
+/*
+ * One walk of a warp over its span [a0, a1) of the slice (ids c0 + i),
+ * MSV_GS_UNROLL loads a lane in flight.
+ * MODE 0: note the max, its id and the finite count, keep x >= t.
+ * MODE 1: keep x >= lo within bins <= bsel below m.
+ * MODE 2: count x >= lo into the warp's bins hist[] (no keeping).
+ * MODE 3 (PROC 0 or 1: processing is monotone): the largest raw logit
+ * into *m, keep raw x >= t (t: the raw floor, msv_gs_raw_floor), and
+ * process only the logits kept.
+ */
+#ifndef MSV_GS_UNROLL
+#define MSV_GS_UNROLL 3
+#endif
 
-        for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-            x = MSV_GS_VAL(i);
-            if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
-                w += msv_weight((double) x - md);
+template <int MODE, bool VEC, int PROC>
+static __device__ __forceinline__ uint32_t
+msv_gs_walk(const float *src, uint32_t a0, uint32_t a1, uint32_t c0,
+    uint32_t fl, const struct msv_gs_row &R, const uint32_t *sn,
+    const uint32_t *cn, float temp, float t, float lo, float mref,
+    uint32_t bsel, float *wz, uint32_t *wi, uint32_t *hist, float *m,
+    uint32_t *amax, uint32_t *cnt)
+{
+    const uint32_t  lane = threadIdx.x & 31;
+    const uint32_t  sub = VEC ? 128u : 32u;     /* ids a load of the warp */
+    const uint32_t  nj = VEC ? 4 : 1;           /* ids a lane a load */
+    uint32_t        kept = 0;
+
+    for (uint32_t b = a0; b < a1; b += sub * MSV_GS_UNROLL) {
+        const bool  full = b + sub * MSV_GS_UNROLL <= a1;
+        float       x[MSV_GS_UNROLL][4];
+
+        /* every load first */
+#pragma unroll
+        for (int u = 0; u < MSV_GS_UNROLL; u++) {
+            const uint32_t  i0 = b + u * sub + lane * nj;
+
+            if (VEC && (full || i0 + 3 < a1)) {
+                float4  v = __ldg((const float4 *) (src + i0));
+
+                x[u][0] = v.x;
+                x[u][1] = v.y;
+                x[u][2] = v.z;
+                x[u][3] = v.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    x[u][j] = j < (int) nj && i0 + j < a1 ? __ldg(src + i0 + j)
+                                                          : -INFINITY;
+                }
             }
         }
-        w = msv_gs_sum64(S, w);
-        msv_gs_exchange(cl, S, xk++, w, 0, 0, 0);
-        w = 0;
-        for (r = 0; r < S.nr; r++) {
-            w += S.g[r][0];
-        }
-        tau = (double) R.top_p * (double) w;
 
-        for (int rd = 0; rd < 4; rd++) {
-            shift = 24 - 8 * rd;
-            for (i = threadIdx.x; i < 256; i += MSV_GS_THREADS) {
-                S.wh[rd][i][0] = 0;
-                S.wh[rd][i][1] = 0;
-            }
-            __syncthreads();
-            for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-                x = MSV_GS_VAL(i);
-                uint32_t  u = msv_fkey(x);
+#pragma unroll
+        for (int u = 0; u < MSV_GS_UNROLL; u++) {
+            const uint32_t  i0 = b + u * sub + lane * nj;
+            bool            p[4] = { false, false, false, false };
 
-                if (msv_gs_in(x, MSV_GS_ID(i), lo, bound) && (u & mask) == prefix) {
-                    d = (double) x - md;
-                    q = msv_weight(d);
-                    if (q > 0) {
-                        uint32_t  *c = S.wh[rd][(u >> shift) & 255];
-                        uint32_t   ql = (uint32_t) q, old;
-                        uint32_t   qh = (uint32_t) (q >> 32);
-
-                        old = atomicAdd(&c[0], ql);
-                        qh += old + ql < old;       /* the carry */
-                        if (qh != 0) {
-                            atomicAdd(&c[1], qh);
+            if (MODE == 3) {
+                /* out of the span: -inf, which neither raises the max
+                 * nor passes a finite floor */
+#pragma unroll
+                for (int j = 0; j < (int) nj; j++) {
+                    *m = fmaxf(*m, x[u][j]);
+                    p[j] = x[u][j] >= t;
+                }
+                if (__any_sync(0xffffffffu, p[0] | p[1] | p[2] | p[3])) {
+#pragma unroll
+                    for (int j = 0; j < (int) nj; j++) {
+                        if (p[j]) {
+                            x[u][j] = msv_gs_proc<PROC>(x[u][j], c0 + i0 + j,
+                                                        fl, R, sn, cn, temp);
                         }
                     }
+                    kept = msv_gs_keep4(kept, x[u], p, c0 + i0, wz, wi);
                 }
             }
-            msv_gs_hist_sum(cl, S, rd, true);
-            digit = msv_gs_digit(S, 1, &dummy, &above, tau);
-            prefix |= digit << shift;
-            mask |= 255u << shift;
-        }
-
-        /* every id with this key weighs the same: take the fewest, in id
-         * order, that reach tau */
-        {
-            uint64_t  qv = msv_weight((double) msv_fkey_value(prefix) - md);
-            uint64_t  j;
-
-            j = qv > 0 ? (uint64_t) ((tau - (double) above) / (double) qv)
-                       : 1;
-            if (j < 1) {
-                j = 1;
+#pragma unroll
+            for (int j = 0; j < (MODE == 3 ? 0 : (int) nj); j++) {
+                if (full || i0 + j < a1) {
+                    x[u][j] = msv_gs_proc<PROC>(x[u][j], c0 + i0 + j, fl, R,
+                                                sn, cn, temp);
+                }
+                if (MODE == 0) {
+                    msv_gs_note(x[u][j], c0 + i0 + j, m, amax, cnt);
+                    p[j] = x[u][j] >= t;
+                } else if (MODE == 1) {
+                    p[j] = x[u][j] >= lo && msv_gs_bin(mref, x[u][j]) <= bsel;
+                } else if (x[u][j] >= lo) {
+                    atomicAdd(&hist[msv_gs_bin(mref, x[u][j])], 1u);
+                }
             }
-            while (j > 1 && (double) (above + (j - 1) * qv) >= tau) {
-                j--;
+            if (MODE == 0 || MODE == 1) {
+                /* lane-major groups of four (one a lane when scalar): id
+                 * order across the warp */
+                kept = msv_gs_keep4(kept, x[u], p, c0 + i0, wz, wi);
             }
-            while ((double) (above + j * qv) < tau) {
-                j++;
-            }
-            id = msv_gs_cut(cl, S, xk, z, ix, nn, c0, prefix, lo, bound, j);
-            xk += 2;
-            q = ((uint64_t) (uint32_t) ~prefix << 32) | id;
-            bound = q < bound ? q : bound;
         }
     }
+    return kept;
+}
 
-    MSV_GS_MARK(6);
-
-    /* 8. the race: argmax over S of z' + Gumbel, from the max's key */
-    {
-        double    best, key;
-        uint32_t  tok = amax;
-        float     zt = m;
-
-        best = (double) m + msv_gumbel(msv_philox_bits(R.seed, R.t, amax));
-        for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-            x = MSV_GS_VAL(i);
-            id = MSV_GS_ID(i);
-            if (id == amax || (double) x + MSV_GUMBEL_MAX < best
-                || !msv_gs_in(x, id, lo, bound))
-            {
-                continue;
-            }
-            key = (double) x + msv_gumbel(msv_philox_bits(R.seed, R.t, id));
-            if (msv_gs_better_d(best, tok, key, id)) {
-                best = key;
-                tok = id;
-                zt = x;
-            }
-        }
-        msv_gs_best_key(S, &best, &tok, &zt);
-        msv_gs_exchange(cl, S, xk++, (uint64_t) __double_as_longlong(best),
-                        tok, __float_as_uint(zt), 0);
-        best = -INFINITY;
-        tok = UINT32_MAX;
-        for (r = 0; r < S.nr; r++) {
-            key = __longlong_as_double((long long) S.g[r][0]);
-            if (msv_gs_better_d(best, tok, key, (uint32_t) S.g[r][1])) {
-                best = key;
-                tok = (uint32_t) S.g[r][1];
-                zt = __uint_as_float((uint32_t) S.g[r][2]);
-            }
-        }
-        amax = tok;                     /* from here on: the token */
-        x = zt;
+/* The walk for the row's kind: 16-byte loads or not, and how much of the
+ * processing it asks for. */
+template <int MODE>
+static __device__ __forceinline__ uint32_t
+msv_gs_walk_any(bool vec, int proc, const float *src, uint32_t a0,
+    uint32_t a1, uint32_t c0, uint32_t fl, const struct msv_gs_row &R,
+    const uint32_t *sn, const uint32_t *cn, float temp, float t, float lo,
+    float mref, uint32_t bsel, float *wz, uint32_t *wi, uint32_t *hist,
+    float *m, uint32_t *amax, uint32_t *cnt)
+{
+#define MSV_GS_W(V_, P_)                                                 \
+    msv_gs_walk<MODE, V_, P_>(src, a0, a1, c0, fl, R, sn, cn, temp, t, lo,\
+                              mref, bsel, wz, wi, hist, m, amax, cnt)
+    if (vec) {
+        return proc == 0 ? MSV_GS_W(true, 0)
+               : proc == 1 || MODE == 3 ? MSV_GS_W(true, 1)
+               : MSV_GS_W(true, (MODE == 3 ? 1 : 2));
     }
+    return proc == 0 ? MSV_GS_W(false, 0)
+           : proc == 1 || MODE == 3 ? MSV_GS_W(false, 1)
+           : MSV_GS_W(false, (MODE == 3 ? 1 : 2));
+#undef MSV_GS_W
+}
 
-    if (!(fl & MSV_GS_CAPT)) {
+/*
+ * The raw floor of a processed floor t, for monotone processing (PROC 0:
+ * cleaning; 1: and the temperature): the smallest raw float r with P(r)
+ * >= t, so that P(x) >= t exactly when x >= r (NaN: P(x) >= t for no x).
+ */
+static __device__ float
+msv_gs_raw_floor(float t, int proc, float temp)
+{
+    float  r, q;
+
+    if (!(t >= -FLT_MAX && t <= FLT_MAX)) {
+        return NAN;
+    }
+    if (proc == 0) {
+        return t;                       /* clean is the identity on finite
+                                           floats, +inf becomes FLT_MAX */
+    }
+#define MSV_GS_P(x) msv_temp_div(msv_clean(x), temp)
+    if (MSV_GS_P(FLT_MAX) < t) {
+        return NAN;
+    }
+    if (MSV_GS_P(-FLT_MAX) >= t) {
+        return -FLT_MAX;
+    }
+    r = (float) ((double) t * (double) temp);
+    if (!(r >= -FLT_MAX)) {
+        r = -FLT_MAX;
+    } else if (!(r <= FLT_MAX)) {
+        r = FLT_MAX;
+    }
+    while (MSV_GS_P(r) < t) {
+        r = nextafterf(r, INFINITY);
+    }
+    for ( ;; ) {
+        q = nextafterf(r, -INFINITY);
+        if (q < -FLT_MAX || MSV_GS_P(q) < t) {
+            return r;
+        }
+        r = q;
+    }
+#undef MSV_GS_P
+}
+
+__global__ void __cluster_dims__(MSV_GS_CLUSTER, 1, 1)
+__launch_bounds__(MSV_GS_ST_THREADS, 8)
+msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
+    const struct msv_gs_row *rows, struct msv_gs_state st,
+    int32_t *out_ids, float *out_lps, uint64_t *top_key, float *top_lp,
+    uint32_t max_lp, struct msv_gs_res *res, uint32_t *slow,
+    unsigned long long *paths, long long *prof)
+{
+    cg::cluster_group        cl = cg::this_cluster();
+    extern __shared__ float  cz[];              /* candidates' values */
+    __shared__ msv_gs_smem   S;
+    __shared__ uint32_t      wk[MSV_GS_ST_WARPS];       /* kept a warp */
+
+    uint32_t        *cid = (uint32_t *) (cz + MSV_GS_ST_CAP);
+    const uint32_t   br = cl.block_rank();
+    const uint32_t   ri = blockIdx.x / MSV_GS_CLUSTER;
+    const struct msv_gs_row  R = rows[ri];
+    const uint32_t   c0 = br * chunk;
+    const uint32_t   n = c0 < V ? (V - c0 < chunk ? V - c0 : chunk) : 0;
+    const uint32_t   fl = R.flags;
+    const float     *src = logits + (size_t) R.lrow * V + c0;
+    const uint32_t   w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    if (!(fl & MSV_GS_FAST)) {
         if (br == 0 && threadIdx.x == 0) {
-            res[ri].token = (int32_t) amax;
+            slow[ri] = 1;
+            atomicAdd(&paths[2], 1ull);
+        }
+        return;
+    }
+    msv_gs_start(S);
+    MSV_GS_MARK(0);
+
+    const float     temp = (fl & MSV_GS_GREEDY) ? 1.0f : R.temp;
+    const bool      pen = (fl & (MSV_GS_REP | MSV_GS_FREQ)) != 0;
+    const int       proc = pen ? 2 : (temp != 1.0f ? 1 : 0);
+    const bool      raw = proc != 2 && !(fl & MSV_GS_GREEDY);
+    const uint32_t *cn = st.count + (size_t) R.slot * V;
+    const uint32_t *sn = st.seen + (size_t) R.slot * st.words;
+    const bool      vec = (V & 3) == 0;
+    const float     t = (fl & MSV_GS_GREEDY) ? NAN : st.pred_t[R.slot];
+    /* each warp a span of the slice, a multiple of 4 ids long */
+    const uint32_t  wl = ((n + MSV_GS_ST_WARPS - 1) / MSV_GS_ST_WARPS + 3)
+                         & ~3u;
+    const uint32_t  a0 = w * wl < n ? w * wl : n;
+    const uint32_t  a1 = a0 + wl < n ? a0 + wl : n;
+    float          *wz = cz + w * MSV_GS_WCAP;
+    uint32_t       *wi = cid + w * MSV_GS_WCAP;
+
+    float     m = -INFINITY, lo, t_hist = NAN, t_cap = NAN;
+    uint32_t  amax = UINT32_MAX, cnt = 0, kept, r, i;
+    uint64_t  n_fin = 0, kc = 0, n1, all, base = 0;
+    bool      ovf = false, hit;
+    int       xk = 0;
+
+    /* 1. the walk: processing, the max, the predicted candidates */
+    if (raw) {
+        const float  rt = msv_gs_raw_floor(t, proc, temp);
+
+        kept = msv_gs_walk_any<3>(vec, proc, src, a0, a1, c0, fl, R, sn, cn,
+                                  temp, rt, 0.0f, 0.0f, 0, wz, wi, NULL, &m,
+                                  NULL, NULL);
+        /* the max of the processed logits is the processed raw max; its
+         * lowest id is found among the candidates (it is one of them
+         * whenever they hold the support) */
+        m = msv_clean(m);
+        if (proc == 1) {
+            m = msv_temp_div(m, temp);
+        }
+        cnt = m != -INFINITY;
+    } else {
+        kept = msv_gs_walk_any<0>(vec, proc, src, a0, a1, c0, fl, R, sn, cn,
+                                  temp, t, 0.0f, 0.0f, 0, wz, wi, NULL, &m,
+                                  &amax, &cnt);
+    }
+    if (lane == 0) {
+        wk[w] = kept;
+    }
+    msv_gs_best(S, &m, &amax, &cnt);            /* wk[] is visible after */
+    {
+        uint64_t  kb = 0;
+
+        for (i = 0; i < MSV_GS_ST_WARPS; i++) {
+            kb += wk[i];
+            ovf |= wk[i] > MSV_GS_WCAP;
+        }
+        msv_gs_exchange(cl, S, xk++, __float_as_uint(m), amax, cnt,
+                        kb | ((uint64_t) ovf << 32));
+    }
+    m = -INFINITY;
+    amax = UINT32_MAX;
+    ovf = false;
+    for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        float  x = __uint_as_float((uint32_t) S.g[r][0]);
+
+        if (msv_gs_better(m, amax, x, (uint32_t) S.g[r][1])) {
+            m = x;
+            amax = (uint32_t) S.g[r][1];
+        }
+        n_fin += (uint32_t) S.g[r][2];
+        kc += (uint32_t) S.g[r][3];
+        base += r < br ? (uint32_t) S.g[r][3] : 0;
+        ovf |= (S.g[r][3] >> 32) != 0;
+    }
+    MSV_GS_MARK(1);
+
+    if (n_fin == 0 || (fl & MSV_GS_GREEDY)) {
+        if (br == 0 && threadIdx.x == 0) {
+            bool      gr = n_fin > 0;
+            uint32_t  ns = gr && R.mode != MSV_MASK_OFF ? 1 : 0;
+            uint32_t  nt = gr && R.logprobs > 0 ? 1 : 0;
+
+            res[ri].token = gr ? (int32_t) amax : -1;
             res[ri].logprob = 0.0f;
-            res[ri].n_support = 0;
-            res[ri].n_lps = 0;
-            res[ri].n_top = 0;
-            res[ri].bytes = msv_row_size(0, 0, 0);
-        }
-        goto update;
-    }
-
-    /* 9. capture: the exact logsumexp, S in id order, top logprobs */
-    {
-        const double  md = (double) m;
-        const float   tokz = x;
-        uint64_t      hi = 0, lo64 = 0, t, ns = 0, base = 0, nS = 0;
-        uint32_t      tot, pre;
-        double        L;
-
-        for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-            x = MSV_GS_VAL(i);
-            if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
-                t = msv_lse_term((double) x - md);
-                lo64 += t;
-                hi += lo64 < t;
-                ns++;
-            }
-        }
-        msv_gs_sum128(S, &hi, &lo64);
-        ns = msv_gs_sum64(S, ns);
-        msv_gs_exchange(cl, S, xk++, hi, lo64, ns, 0);
-        hi = 0;
-        lo64 = 0;
-        for (r = 0; r < S.nr; r++) {
-            lo64 += S.g[r][1];
-            hi += S.g[r][0] + (lo64 < S.g[r][1]);
-            base += r < br ? S.g[r][2] : 0;
-            nS += S.g[r][2];
-        }
-        L = msv_lse_log(hi, lo64);
-
-        if (R.mode != MSV_MASK_OFF) {
-            int32_t  *oi = out_ids + (size_t) ri * V + base;
-            float    *ol = out_lps + (size_t) ri * V + base;
-
-            for (uint32_t t0 = 0; t0 < nn; t0 += MSV_GS_THREADS) {
-                i = t0 + threadIdx.x;
-                x = i < nn ? MSV_GS_VAL(i) : -INFINITY;
-                bool  p = i < nn && msv_gs_in(x, MSV_GS_ID(i), lo, bound);
-
-                pre = msv_gs_scan(S, p, &tot);
-                if (p) {
-                    oi[pre] = (int32_t) (MSV_GS_ID(i));
-                    if (R.mode == MSV_MASK_SUPPORT) {
-                        ol[pre] = msv_lp((double) x - md, L);
-                    }
-                }
-                oi += tot;
-                ol += tot;
-            }
-        }
-
-        uint32_t  nt = 0;
-
-        if (R.logprobs > 0) {
-            uint64_t  tb = bound;
-
-            nt = (uint64_t) R.logprobs < nS ? (uint32_t) R.logprobs
-                                            : (uint32_t) nS;
-            if (nt < nS) {
-                tb = msv_gs_select_k(cl, S, 4, xk, z, ix, nn, c0, lo, bound, nt);
-                xk += 3;
-            }
-            for (i = threadIdx.x; i < nn; i += MSV_GS_THREADS) {
-                x = MSV_GS_VAL(i);
-                if (msv_gs_in(x, MSV_GS_ID(i), lo, tb)) {
-                    uint32_t  at = atomicAdd(&res[ri].top_fill, 1u);
-
-                    top_key[(size_t) ri * max_lp + at] =
-                        msv_rank_key(x, MSV_GS_ID(i));
-                    top_lp[(size_t) ri * max_lp + at] =
-                        msv_lp((double) x - md, L);
-                }
-            }
-        }
-
-        if (br == 0 && threadIdx.x == 0) {
-            uint32_t  nsup = R.mode != MSV_MASK_OFF ? (uint32_t) nS : 0;
-            uint32_t  nl = R.mode == MSV_MASK_SUPPORT ? nsup
-                           : (R.mode == MSV_MASK_SELECTED ? 1 : 0);
-
-            res[ri].token = (int32_t) amax;
-            res[ri].logprob = msv_lp((double) tokz - md, L);
-            res[ri].n_support = nsup;
-            res[ri].n_lps = nl;
+            res[ri].n_support = ns;
+            res[ri].n_lps = ns;
             res[ri].n_top = nt;
-            res[ri].bytes = msv_row_size(nsup, nl, nt);
+            res[ri].bytes = msv_row_size(ns, ns, nt);
+            if (gr) {
+                out_ids[(size_t) ri * V] = (int32_t) amax;
+                out_lps[(size_t) ri * V] = 0.0f;
+                top_key[(size_t) ri * max_lp] = msv_rank_key(m, amax);
+                top_lp[(size_t) ri * max_lp] = 0.0f;
+            }
+            slow[ri] = 0;
+            atomicAdd(&paths[0], 1ull);
         }
+        MSV_GS_MARK(7);
+        if (n_fin > 0) {
+            msv_gs_update(cl, S, R, st, V, c0, n, amax);
+        } else {
+            cl.sync();
+        }
+        return;
     }
 
-update:
-    MSV_GS_MARK(7);
-    /* the token joins the request's history for the next step's
-     * penalties; its slice's block is the only reader of that entry */
-    if ((fl & (MSV_GS_REP | MSV_GS_FREQ)) && threadIdx.x == 0
-        && (S.nr == 1 || (amax >= c0 && amax < c0 + n)))
-    {
-        st.count[(size_t) R.slot * V + amax]++;
-        st.seen[(size_t) R.slot * st.words + (amax >> 5)] |= 1u << (amax & 31);
+    lo = msv_floor(m, (fl & MSV_GS_MINP) ? log((double) R.min_p)
+                                         : -INFINITY);
+    hit = !ovf
+          && (((fl & MSV_GS_TOPK) && kc >= (uint64_t) R.top_k)
+              || ((fl & MSV_GS_MINP) && t <= lo)
+              || ((fl & MSV_GS_TOPP) && !(fl & (MSV_GS_TOPK | MSV_GS_MINP))
+                  && t <= m && msv_gs_bin(m, t) > MSV_GS_QBIN));
+    MSV_GS_MARK(2);
+
+    if (!hit) {
+        /* 2. the bins below the max, a histogram a warp (S.h's space) */
+        uint32_t  (*wh)[MSV_GS_NB] = (uint32_t (*)[MSV_GS_NB]) &S.h[0][0];
+        uint32_t  bsel = MSV_GS_NB - 1, need = 0, fits;
+
+        for (i = threadIdx.x; i < MSV_GS_ST_WARPS * MSV_GS_NB;
+             i += MSV_GS_ST_THREADS)
+        {
+            wh[0][i] = 0;
+        }
+        __syncthreads();
+        (void) msv_gs_walk_any<2>(vec, proc, src, a0, a1, c0, fl, R, sn, cn,
+                                  temp, 0.0f, lo, m, 0, NULL, NULL, wh[w],
+                                  NULL, NULL, NULL);
+        bsel = msv_gs_bins(cl, S, R, wh, &n1);
+        /* the floor to predict for the next step: the bins holding about
+         * one and a half times what this one needs */
+        {
+            uint64_t  T = MSV_GS_PRED_MAX / 2;
+            uint32_t  bt;
+
+            if ((fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1) {
+                T = (uint64_t) R.top_k + R.top_k / 2 + 32;
+                T = T < MSV_GS_PRED_MAX ? T : MSV_GS_PRED_MAX;
+            }
+            bt = msv_gs_bin_of_k(S, T);
+            t_hist = __fsub_rn(m, (float) (bt + 1) / MSV_GS_BIN_SCALE);
+            if ((fl & MSV_GS_MINP) && __fsub_rn(lo, 0.25f) > t_hist) {
+                t_hist = __fsub_rn(lo, 0.25f);
+            }
+            /* and the lowest floor that keeps at most MSV_GS_PRED_MAX */
+            bt = msv_gs_bin_of_k(S, MSV_GS_PRED_MAX);
+            t_cap = bt + 1 < MSV_GS_NB
+                    ? __fsub_rn(m, (float) bt / MSV_GS_BIN_SCALE) : -FLT_MAX;
+        }
+        /* this warp's share of the bins kept */
+        for (i = lane; i <= bsel; i += 32) {
+            need += wh[w][i];
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            need += __shfl_down_sync(0xffffffffu, need, o);
+        }
+        if (lane == 0) {
+            wk[w] = need;
+        }
+        __syncthreads();
+        fits = 1;
+        for (i = 0; i < MSV_GS_ST_WARPS; i++) {
+            fits &= wk[i] <= MSV_GS_WCAP;
+        }
+        msv_gs_exchange(cl, S, xk++, fits, 0, 0, 0);
+        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+            fits &= (uint32_t) S.g[r][0];
+        }
+        if (!fits) {
+            /* too many candidates for the regions: the resident kernel */
+            if (br == 0 && threadIdx.x == 0) {
+                st.pred_t[R.slot] = NAN;
+                slow[ri] = 1;
+                atomicAdd(&paths[2], 1ull);
+            }
+            cl.sync();
+            return;
+        }
+        /* 3. the compaction of the kept bins */
+        __syncthreads();
+        kept = msv_gs_walk_any<1>(vec, proc, src, a0, a1, c0, fl, R, sn, cn,
+                                  temp, 0.0f, lo, m, bsel, wz, wi, NULL,
+                                  NULL, NULL, NULL);
+        if (lane == 0) {
+            wk[w] = kept;
+        }
     }
-    /* no block leaves while another may still read its shared memory */
-    if (S.nr != 1) {
+    MSV_GS_MARK(3);
+
+    /* the rest of each region holds NaN: no stage takes a NaN */
+    __syncwarp();
+    kept = wk[w];
+    for (i = kept + lane; i < MSV_GS_WCAP; i += 32) {
+        wz[i] = NAN;
+    }
+    if (threadIdx.x == 0) {
+        S.flag = UINT32_MAX;
+    }
+    __syncthreads();
+    if (hit && !(fl & MSV_GS_MINP) && kc <= MSV_GS_ST_CAP) {
+        /* every candidate is finite and >= lo, the first exchange said
+         * how many there are, and block 0 will hold them all */
+        all = kc;
+        n1 = kc;
+    } else {
+        uint64_t  own = 0, nlo = 0;
+
+        for (i = 0; i < MSV_GS_ST_WARPS; i++) {
+            own += wk[i];
+        }
+        for (i = threadIdx.x; i < MSV_GS_ST_CAP; i += MSV_GS_ST_THREADS) {
+            nlo += cz[i] >= lo;
+            /* ids rise with the position: the first is the lowest */
+            if (amax == UINT32_MAX && cz[i] == m) {
+                atomicMin(&S.flag, cid[i]);
+            }
+        }
+        nlo = msv_gs_sum64(S, nlo);         /* S.flag is final after */
+        msv_gs_exchange(cl, S, xk++, own, nlo, S.flag, 0);
+        all = 0;
+        n1 = 0;
+        base = 0;
+        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+            all += S.g[r][0];
+            n1 += S.g[r][1];
+            base += r < br ? S.g[r][0] : 0;
+            amax = (uint32_t) S.g[r][2] < amax ? (uint32_t) S.g[r][2] : amax;
+        }
+    }
+    MSV_GS_MARK(4);
+
+    uint32_t  nn = MSV_GS_ST_CAP;
+
+    if (all <= MSV_GS_ST_CAP) {
+        /*
+         * Few enough for block 0: every block writes its candidates, in
+         * slice order, at its place in the row's scratch (the support's
+         * ids and logprobs, which capture writes only later), and block 0
+         * reads them all back and goes on alone.  The cluster barrier
+         * orders the writes before the reads.
+         */
+        float     *gz = out_lps + (size_t) ri * V;
+        int32_t   *gi = out_ids + (size_t) ri * V;
+        uint32_t   off = (uint32_t) base;
+
+        for (i = 0; i < w; i++) {
+            off += wk[i];
+        }
+        for (i = lane; i < kept; i += 32) {
+            gz[off + i] = wz[i];
+            gi[off + i] = (int32_t) wi[i];
+        }
         cl.sync();
+        if (br != 0) {
+            return;
+        }
+        for (i = threadIdx.x; i < all; i += MSV_GS_ST_THREADS) {
+            cz[i] = __ldcg(gz + i);
+            cid[i] = (uint32_t) __ldcg(gi + i);
+        }
+        if (threadIdx.x == 0) {
+            S.nr = 1;
+        }
+        nn = (uint32_t) all;
+        if (amax == UINT32_MAX) {
+            __syncthreads();
+            for (i = threadIdx.x; i < nn; i += MSV_GS_ST_THREADS) {
+                if (cz[i] == m) {
+                    atomicMin(&S.flag, cid[i]);
+                }
+            }
+            __syncthreads();
+            amax = S.flag;
+        }
+    }
+    if (amax == UINT32_MAX) {
+        /* cannot happen when the candidates hold the support (the max is
+         * one of them); if it did, the resident kernel takes the row */
+        if (br == 0 && threadIdx.x == 0) {
+            st.pred_t[R.slot] = NAN;
+            slow[ri] = 1;
+            atomicAdd(&paths[2], 1ull);
+        }
+        if (S.nr != 1) {
+            cl.sync();
+        }
+        return;
+    }
+    if (threadIdx.x == 0) {
+        S.gid = cid;
+    }
+    __syncthreads();
+    MSV_GS_MARK(5);
+
+    uint64_t  bk = msv_gs_finish(cl, S, R, ri, xk, cz, NULL, nn, c0, n, V,
+                                 m, amax, lo, n1, st, out_ids, out_lps,
+                                 top_key, top_lp, max_lp, res, prof);
+
+    /*
+     * The next step's floor: the cut (the k-th logit, or the min_p floor)
+     * less a gap.  On a hit the gap follows how many candidates the step
+     * kept; after a miss it is what the histogram says one and a half
+     * times the need takes, or twice the gap that missed, whichever is
+     * wider, as long as the floor keeps at most MSV_GS_PRED_MAX.
+     */
+    if (br == 0 && threadIdx.x == 0) {
+        float  vk = bk != UINT64_MAX
+                    ? msv_fkey_value(~(uint32_t) (bk >> 32)) : -INFINITY;
+        float  vc = (fl & MSV_GS_MINP) && lo > vk ? lo : vk;
+        float  pt = NAN, g = st.pred_g[R.slot];
+
+        if (vc > -FLT_MAX && vc <= FLT_MAX) {
+            if (hit) {
+                uint64_t  need = bk != UINT64_MAX ? (uint64_t) R.top_k : n1;
+
+                if (!(g > 0.0f)) {
+                    g = fmaxf(1e-3f * fabsf(vc), 1e-6f);
+                }
+                if (kc > 4 * need + 1536) {
+                    g *= 0.75f;
+                } else if (kc < need + need / 4 + 16) {
+                    g *= 1.5f;
+                }
+                pt = __fsub_rn(vc, g);
+            } else {
+                pt = t_hist < vc ? t_hist : vc;
+                if (g > 0.0f && __fsub_rn(vc, 2.0f * g) < pt) {
+                    pt = __fsub_rn(vc, 2.0f * g);
+                }
+                if (pt < t_cap) {
+                    pt = t_cap;
+                }
+                g = __fsub_rn(vc, pt);
+            }
+        } else {
+            g = NAN;
+        }
+        st.pred_t[R.slot] = pt;
+        st.pred_g[R.slot] = g;
+        slow[ri] = 0;
+        atomicAdd(&paths[hit ? 0 : 1], 1ull);
     }
 }
 
@@ -1468,6 +2189,8 @@ msv_gs_setup_kernel(const struct msv_gs_setup *su, const uint8_t *up,
     if (threadIdx.x == 0) {
         st.n_bias[s.slot] = s.n_bias;
         st.n_mask[s.slot] = s.n_mask;
+        st.pred_t[s.slot] = NAN;        /* a new request: no prediction */
+        st.pred_g[s.slot] = NAN;
     }
     if (!s.penalties) {
         return;
@@ -1663,6 +2386,10 @@ msv_gsampler_free(struct msv_gsampler *g)
     cudaFree(g->st.n_mask);
     cudaFree(g->st.count);
     cudaFree(g->st.seen);
+    cudaFree(g->st.pred_t);
+    cudaFree(g->st.pred_g);
+    cudaFree(g->d_slow);
+    cudaFree(g->d_paths);
     cudaFreeHost(g->h_rows);
     cudaFree(g->d_rows);
     cudaFreeHost(g->h_res);
@@ -1689,6 +2416,9 @@ msv_gsampler_free(struct msv_gsampler *g)
     }
     if (g->evb != NULL) {
         cudaEventDestroy(g->evb);
+    }
+    if (g->evs != NULL) {
+        cudaEventDestroy(g->evs);
     }
     free(g->h_cookie);
     free(g->h_t);
@@ -1752,6 +2482,11 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
         return NULL;
     }
     g->smem = (size_t) g->chunk * sizeof(float);
+    {
+        const char  *sv = getenv("MSV_CUDA_SAMPLER_STREAM");
+
+        g->stream_on = sv == NULL || strcmp(sv, "0") != 0;
+    }
     g->st.words = (vocab + 31) / 32;
     row_max = msv_row_size(vocab, vocab, g->max_lp);
     g->pack_cap = R * row_max;
@@ -1795,6 +2530,14 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
         || msv_gs_alloc((void **) &g->st.seen,
                         max_slots * (size_t) g->st.words * 4, err, errlen,
                         "seen ids") != 0
+        || msv_gs_alloc((void **) &g->st.pred_t, max_slots * 4, err, errlen,
+                        "predicted floors") != 0
+        || msv_gs_alloc((void **) &g->st.pred_g, max_slots * 4, err, errlen,
+                        "predicted gaps") != 0
+        || msv_gs_alloc((void **) &g->d_slow, R * 4, err, errlen,
+                        "resident rows") != 0
+        || msv_gs_alloc((void **) &g->d_paths, 4 * 8, err, errlen,
+                        "path counts") != 0
         || msv_gs_alloc((void **) &g->d_rows, R * sizeof(msv_gs_row), err,
                         errlen, "rows") != 0
         || msv_gs_alloc((void **) &g->d_res, R * sizeof(msv_gs_res), err,
@@ -1818,6 +2561,10 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
     }
 
     if ((e = cudaMemset(g->st.n_bias, 0, max_slots * 4)) != cudaSuccess
+        /* no prediction yet: NaN */
+        || (e = cudaMemset(g->st.pred_t, 0xff, max_slots * 4)) != cudaSuccess
+        || (e = cudaMemset(g->st.pred_g, 0xff, max_slots * 4)) != cudaSuccess
+        || (e = cudaMemset(g->d_paths, 0, 4 * 8)) != cudaSuccess
         || (e = cudaMemset(g->st.n_mask, 0, max_slots * 4)) != cudaSuccess
         || (e = cudaMallocHost((void **) &g->h_rows,
                                R * sizeof(msv_gs_row))) != cudaSuccess
@@ -1830,6 +2577,7 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
         || (e = cudaEventCreate(&g->ev1)) != cudaSuccess
         || (e = cudaEventCreate(&g->eva)) != cudaSuccess
         || (e = cudaEventCreate(&g->evb)) != cudaSuccess
+        || (e = cudaEventCreate(&g->evs)) != cudaSuccess
         || (e = cudaEventCreateWithFlags(&g->ev_copied,
                                          cudaEventDisableTiming))
            != cudaSuccess
@@ -2042,6 +2790,12 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
         if (p->mask_mode != MSV_MASK_OFF || p->logprobs >= 0) {
             fl |= MSV_GS_CAPT;
         }
+        if (p->n_bias == 0 && !(fl & MSV_GS_MASKON)
+            && (fl & (MSV_GS_GREEDY | MSV_GS_TOPK | MSV_GS_TOPP
+                      | MSV_GS_MINP)))
+        {
+            fl |= MSV_GS_FAST;
+        }
 
         memset(w, 0, sizeof(*w));
         w->seed = sr->rq.seed;
@@ -2083,10 +2837,20 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
                                g->stream), "reset");
     MSV_GS_TRY(cudaEventRecord(g->eva, g->stream), "event");
 
+    if (g->stream_on) {
+        msv_sample_stream_kernel<<<n * MSV_GS_CLUSTER, MSV_GS_ST_THREADS,
+                                   MSV_GS_ST_CAP * 8, g->stream>>>(logits,
+            g->vocab, g->chunk, g->d_rows, g->st, g->d_ids, g->d_lps,
+            g->d_topk, g->d_toplp, g->max_lp, g->d_res, g->d_slow,
+            g->d_paths, g->d_prof);
+        MSV_GS_TRY(cudaGetLastError(), "streaming sampling kernel");
+    }
+    MSV_GS_TRY(cudaEventRecord(g->evs, g->stream), "event");
     msv_sample_kernel<<<n * MSV_GS_CLUSTER, MSV_GS_THREADS, g->smem,
                         g->stream>>>(logits, g->vocab, g->chunk, g->d_rows,
                                      g->st, g->d_ids, g->d_lps, g->d_topk,
                                      g->d_toplp, g->max_lp, g->d_res,
+                                     g->stream_on ? g->d_slow : NULL,
                                      g->d_prof);
     MSV_GS_TRY(cudaGetLastError(), "sampling kernel");
     MSV_GS_TRY(cudaEventRecord(g->evb, g->stream), "event");
@@ -2116,8 +2880,9 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
         g->prof_rows = n;
     }
     cudaEventElapsedTime(&g->part_ms[0], g->ev0, g->eva);
-    cudaEventElapsedTime(&g->part_ms[1], g->eva, g->evb);
-    cudaEventElapsedTime(&g->part_ms[2], g->evb, g->ev1);
+    cudaEventElapsedTime(&g->part_ms[1], g->eva, g->evs);
+    cudaEventElapsedTime(&g->part_ms[2], g->evs, g->evb);
+    cudaEventElapsedTime(&g->part_ms[3], g->evb, g->ev1);
 
     g->h_off[0] = 0;
     for (i = 0; i < n; i++) {
@@ -2167,7 +2932,7 @@ msv_gsampler_wait(struct msv_gsampler *g, char *err, size_t errlen)
 
 
 extern "C" float
-msv_gsampler_last_ms(const struct msv_gsampler *g, float parts[3])
+msv_gsampler_last_ms(const struct msv_gsampler *g, float parts[4])
 {
     if (parts != NULL) {
         memcpy(parts, g->part_ms, sizeof(g->part_ms));
@@ -2224,6 +2989,22 @@ msv_gsampler_profile(struct msv_gsampler *g, double cycles[7])
 
 
 extern "C" int
+msv_gsampler_paths(struct msv_gsampler *g, unsigned long long paths[3])
+{
+    unsigned long long  h[4];
+
+    if (cudaMemcpy(h, g->d_paths, sizeof(h), cudaMemcpyDeviceToHost)
+        != cudaSuccess)
+    {
+        cudaGetLastError();
+        return -1;
+    }
+    memcpy(paths, h, 3 * sizeof(h[0]));
+    return g->stream_on;
+}
+
+
+extern "C" int
 msv_gsampler_clusters(const struct msv_gsampler *g)
 {
     cudaLaunchConfig_t  cfg;
@@ -2231,9 +3012,11 @@ msv_gsampler_clusters(const struct msv_gsampler *g)
 
     memset(&cfg, 0, sizeof(cfg));
     cfg.gridDim = dim3(g->max_rows * MSV_GS_CLUSTER);
-    cfg.blockDim = dim3(MSV_GS_THREADS);
-    cfg.dynamicSmemBytes = g->smem;
-    if (cudaOccupancyMaxActiveClusters(&n, msv_sample_kernel, &cfg)
+    cfg.blockDim = dim3(g->stream_on ? MSV_GS_ST_THREADS : MSV_GS_THREADS);
+    cfg.dynamicSmemBytes = g->stream_on ? MSV_GS_ST_CAP * 8 : g->smem;
+    if ((g->stream_on
+         ? cudaOccupancyMaxActiveClusters(&n, msv_sample_stream_kernel, &cfg)
+         : cudaOccupancyMaxActiveClusters(&n, msv_sample_kernel, &cfg))
         != cudaSuccess)
     {
         cudaGetLastError();

@@ -65,8 +65,9 @@ int msv_gsampler_copy(struct msv_gsampler *g, uint32_t first, uint32_t n,
 int msv_gsampler_wait(struct msv_gsampler *g, char *err, size_t errlen);
 
 /* Milliseconds the last run spent on the device (CUDA events), and in
- * parts[3] (if not NULL): uploads, the sampling kernel, packing. */
-float msv_gsampler_last_ms(const struct msv_gsampler *g, float parts[3]);
+ * parts[4] (if not NULL): uploads, the streaming sampling kernel (0 when
+ * it is off), the resident one, packing. */
+float msv_gsampler_last_ms(const struct msv_gsampler *g, float parts[4]);
 
 /* Stage profile: the first call turns it on (0); later calls return
  * the rows of the last run and, per row, the mean SM cycles of block 0
@@ -74,7 +75,15 @@ float msv_gsampler_last_ms(const struct msv_gsampler *g, float parts[3]);
  * exchange and compaction, gather, top_k/top_p, race and capture. */
 int msv_gsampler_profile(struct msv_gsampler *g, double cycles[7]);
 
-/* Clusters of the sampling kernel the device runs at once (-1: unknown). */
+/* Rows the streaming kernel finished on its prediction (paths[0], greedy
+ * rows included), after its histogram (paths[1]), and rows it left to the
+ * resident kernel (paths[2]), since the sampler was made.  Returns 1 if
+ * the streaming kernel runs, 0 if it is off (MSV_CUDA_SAMPLER_STREAM=0;
+ * every row is the resident kernel's), -1 on a device error. */
+int msv_gsampler_paths(struct msv_gsampler *g, unsigned long long paths[3]);
+
+/* Clusters of the sampling kernel (the streaming one when it runs) the
+ * device runs at once (-1: unknown). */
 int msv_gsampler_clusters(const struct msv_gsampler *g);
 
 /* Register host memory (the ring) so copies into it run as DMA at full

@@ -32,7 +32,7 @@
 #endif
 
 #define ROWS     96
-#define STEPS    3
+#define STEPS    5
 #define MAX_LP   16
 #define LP_TOL   2e-6
 
@@ -331,6 +331,22 @@ run_vocab(uint32_t V)
 
     tap_ok(ok_rows, "V %u: every packed row's header is the run's result",
            V);
+    {
+        unsigned long long  pth[3];
+        int                 on = msv_gsampler_paths(g, pth);
+
+        /* the rows above went through every path of the sampler: the
+         * streaming kernel on its prediction and after its histogram,
+         * and the resident kernel */
+        if (on == 1) {
+            tap_ok(pth[0] > 0 && pth[1] > 0 && pth[2] > 0, "V %u: rows by "
+                   "path: predicted %llu, histogram %llu, resident %llu", V,
+                   pth[0], pth[1], pth[2]);
+        } else {
+            tap_ok(on == 0, "V %u: the resident kernel alone "
+                   "(MSV_CUDA_SAMPLER_STREAM=0)", V);
+        }
+    }
     tap_ok(n_same == n_rows, "V %u: %llu of %llu rows identical in token, "
            "support and top ids (%llu support ids)", V,
            (unsigned long long) n_same, (unsigned long long) n_rows,
