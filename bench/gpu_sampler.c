@@ -9,7 +9,7 @@
  * The PyTorch way of doing the same work is timed by
  * bench/gpu_sampler_torch.py in the same run (bench/gpu_sampler.sh).
  *
- *   gpu_sampler [-V vocab] [-r repeats] [-p]
+ *   gpu_sampler [-V vocab] [-r repeats] [-s sets] [-p]
  *
  * -p: also the mean SM cycles of each stage of the sampling kernel for one
  * row (block 0 of its cluster).
@@ -18,7 +18,8 @@
  * first drawn, the others the same rows in another order, scaled by 0.75
  * to 1.25 and shifted by -1 to 1 nat a row, so that the streaming
  * kernel's floor predicted from a request's previous step is tested as it
- * would be by a model whose logits move from step to step.  Each case is
+ * would be by a model whose logits move from step to step.  -s 1: the
+ * same logits every step (the prediction's best case), up to -s 4.  Each case is
  * a new set of requests (new cookies).  The rows each path of the sampler
  * took in the timed steps are printed per case.
  *
@@ -101,7 +102,8 @@ main(int argc, char **argv)
 {
     static const uint32_t  batches[] = { 64, 256 };
     static const char     *modes[] = { "off", "selected", "support" };
-    uint32_t               V = 151936, reps = 20, B, i, bi, ci, mi, r, n;
+    uint32_t               V = 151936, reps = 20, nset = NSET, B, i, bi, ci,
+                           mi, r, n;
     int                    opt, prof = 0;
     double                 cyc[7];
     float                 *h, *hv, *d, *ds[NSET];
@@ -118,16 +120,22 @@ main(int argc, char **argv)
     char                   table[8192];
     size_t                 tl = 0;
 
-    while ((opt = getopt(argc, argv, "V:r:p")) != -1) {
+    while ((opt = getopt(argc, argv, "V:r:s:p")) != -1) {
         if (opt == 'p') {
             prof = 1;
+        } else if (opt == 's') {
+            nset = (uint32_t) atoi(optarg);
+            if (nset < 1 || nset > NSET) {
+                fprintf(stderr, "gpu_sampler: -s takes 1 to %d\n", NSET);
+                return 2;
+            }
         } else if (opt == 'V') {
             V = (uint32_t) atoi(optarg);
         } else if (opt == 'r') {
             reps = (uint32_t) atoi(optarg);
         } else {
             fprintf(stderr, "usage: gpu_sampler [-V vocab] [-r repeats] "
-                    "[-p]\n");
+                    "[-s sets] [-p]\n");
             return 2;
         }
     }
@@ -220,7 +228,7 @@ main(int argc, char **argv)
                     for (i = 0; i < n; i++) {
                         sr[i].rq.t = r;
                     }
-                    d = ds[r % NSET];
+                    d = ds[r % nset];
                     if (r == 2) {
                         msv_gsampler_paths(g, pa);
                     }

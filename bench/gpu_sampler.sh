@@ -6,10 +6,14 @@
 #      apt-get download libyajl2 libyajl-dev);
 #   2. t/c/test_gpu_sampler: GPU sampler vs the CPU sampler on the same
 #      logits (random and adversarial rows, every truncation, penalties
-#      over several steps, every mask mode), V = 151,936 and odd sizes;
+#      over several steps, every mask mode), V = 151,936 and odd sizes,
+#      with the streaming kernel and with the resident kernel alone
+#      (MSV_CUDA_SAMPLER_STREAM=0);
 #   3. the same under compute-sanitizer (memcheck) when it is there;
-#   4. bench/gpu_sampler: kernels and copy per step, batch 64 and 256,
-#      beside bench/gpu_sampler_torch.py (the PyTorch way) in the same run.
+#   4. bench/gpu_sampler: kernels and copy per step, batch 64 and 256, on
+#      logits that change every step, on the same logits every step (-s 1)
+#      and with the resident kernel alone, beside
+#      bench/gpu_sampler_torch.py (the PyTorch way) in the same run.
 #
 # Results go to $OUT (or build-gpu/out): gpu_sampler.log and the tables.
 
@@ -30,6 +34,10 @@ make -j"$(nproc)" B="$B" "$B/t/test_gpu_sampler" "$B/bench/gpu_sampler" \
 
 echo "== GPU sampler vs CPU sampler"
 "$B/t/test_gpu_sampler" | tee "$OUT/test_gpu_sampler.tap" | grep -v '^ok'
+grep 'by path' "$OUT/test_gpu_sampler.tap"
+echo "== the same, the resident kernel alone"
+MSV_CUDA_SAMPLER_STREAM=0 "$B/t/test_gpu_sampler" \
+    | tee "$OUT/test_gpu_sampler_resident.tap" | grep -v '^ok'
 
 if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
     echo "== compute-sanitizer (memcheck)"
@@ -38,8 +46,15 @@ if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
     grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer.log" | head
 fi
 
-echo "== timing: GPU sampler"
+echo "== timing: GPU sampler, logits that change every step"
 "$B/bench/gpu_sampler" -r "${REPS:-15}" ${GS_ARGS:-} | tee "$OUT/gpu_sampler.txt" | tail -40
+echo "== timing: GPU sampler, the same logits every step"
+"$B/bench/gpu_sampler" -r "${REPS:-15}" -s 1 | tee "$OUT/gpu_sampler_same.txt" \
+    | grep '^|'
+echo "== timing: the resident kernel alone"
+MSV_CUDA_SAMPLER_STREAM=0 "$B/bench/gpu_sampler" -r "${REPS:-15}" \
+    | tee "$OUT/gpu_sampler_resident.txt" | grep '^|'
+
 echo "== timing: PyTorch"
 python3 bench/gpu_sampler_torch.py --repeats "${REPS:-15}" \
     | tee "$OUT/gpu_sampler_torch.txt" | tail -40

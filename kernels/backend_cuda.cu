@@ -1956,6 +1956,15 @@ msv_cuda_destroy(struct msv_backend *b)
         }
     }
     msv_cuda_free_scratch(b);
+    if (b->gs != NULL) {
+        unsigned long long  pth[3];
+
+        if (msv_gsampler_paths(b->gs, pth) == 1) {
+            msv_info("device sampler: rows on the predicted floor %llu, "
+                     "after the histogram %llu, in the resident kernel %llu",
+                     pth[0], pth[1], pth[2]);
+        }
+    }
     msv_gsampler_free(b->gs);
     cudaFree(b->dlogits);
     cudaFreeHost(b->meta_h);

@@ -172,7 +172,10 @@ struct msv_gsampler {
     uint32_t            *d_slow;     /* [max_rows] left to the resident
                                         kernel */
     unsigned long long  *d_paths;    /* rows a path took: predicted,
-                                        histogram, resident */
+                                        histogram, resident; [3]: rows of
+                                        this run left to the resident
+                                        kernel */
+    unsigned long long  *h_left;     /* pinned: the last run's [3] */
     int32_t             *d_ids;      /* [max_rows][vocab] support ids */
     float               *d_lps;      /* [max_rows][vocab] their lps */
     uint64_t            *d_topk;     /* [max_rows][max_lp] rank keys */
@@ -1815,6 +1818,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
         if (br == 0 && threadIdx.x == 0) {
             slow[ri] = 1;
             atomicAdd(&paths[2], 1ull);
+            atomicAdd(&paths[3], 1ull);
         }
         return;
     }
@@ -1993,6 +1997,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
                 st.pred_t[R.slot] = NAN;
                 slow[ri] = 1;
                 atomicAdd(&paths[2], 1ull);
+                atomicAdd(&paths[3], 1ull);
             }
             cl.sync();
             return;
@@ -2101,6 +2106,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
             st.pred_t[R.slot] = NAN;
             slow[ri] = 1;
             atomicAdd(&paths[2], 1ull);
+            atomicAdd(&paths[3], 1ull);
         }
         if (S.nr != 1) {
             cl.sync();
@@ -2390,6 +2396,7 @@ msv_gsampler_free(struct msv_gsampler *g)
     cudaFree(g->st.pred_g);
     cudaFree(g->d_slow);
     cudaFree(g->d_paths);
+    cudaFreeHost(g->h_left);
     cudaFreeHost(g->h_rows);
     cudaFree(g->d_rows);
     cudaFreeHost(g->h_res);
@@ -2573,6 +2580,7 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
         || (e = cudaMallocHost((void **) &g->h_setup,
                                R * sizeof(msv_gs_setup))) != cudaSuccess
         || (e = cudaMallocHost((void **) &g->h_up, g->up_cap)) != cudaSuccess
+        || (e = cudaMallocHost((void **) &g->h_left, 8)) != cudaSuccess
         || (e = cudaEventCreate(&g->ev0)) != cudaSuccess
         || (e = cudaEventCreate(&g->ev1)) != cudaSuccess
         || (e = cudaEventCreate(&g->eva)) != cudaSuccess
@@ -2722,12 +2730,48 @@ msv_gs_queue_setup(struct msv_gsampler *g, const struct msv_sample_row *sr,
 }
 
 
+/* The rest of a run after the streaming kernel: the resident kernel (if
+ * `resident`), packing, the results and the count of rows the streaming
+ * kernel left to the resident one back to the host. */
+static int
+msv_gs_finish_run(struct msv_gsampler *g, float *logits, uint32_t n,
+    int resident, char *err, size_t errlen)
+{
+    if (resident) {
+        msv_sample_kernel<<<n * MSV_GS_CLUSTER, MSV_GS_THREADS, g->smem,
+                            g->stream>>>(logits, g->vocab, g->chunk,
+            g->d_rows, g->st, g->d_ids, g->d_lps, g->d_topk, g->d_toplp,
+            g->max_lp, g->d_res, g->stream_on ? g->d_slow : NULL,
+            g->d_prof);
+        MSV_GS_TRY(cudaGetLastError(), "sampling kernel");
+    }
+    MSV_GS_TRY(cudaEventRecord(g->evb, g->stream), "event");
+
+    /* the last run's rows may still be on their way to the host
+     * (msv_gsampler_copy): packing over them waits on the device (an
+     * event never recorded is already complete) */
+    MSV_GS_TRY(cudaStreamWaitEvent(g->stream, g->ev_copied, 0), "event");
+    msv_gs_pack_kernel<<<n, MSV_GS_PACK_THREADS, 0, g->stream>>>(g->d_rows,
+        g->d_res, g->vocab, g->d_ids, g->d_lps, g->d_topk, g->d_toplp,
+        g->max_lp, g->d_pack);
+    MSV_GS_TRY(cudaGetLastError(), "packing kernel");
+    MSV_GS_TRY(cudaEventRecord(g->ev1, g->stream), "event");
+
+    MSV_GS_TRY(cudaMemcpyAsync(g->h_res, g->d_res, n * sizeof(msv_gs_res),
+                               cudaMemcpyDeviceToHost, g->stream),
+               "results");
+    MSV_GS_TRY(cudaMemcpyAsync(g->h_left, g->d_paths + 3, 8,
+                               cudaMemcpyDeviceToHost, g->stream), "results");
+    return 0;
+}
+
+
 extern "C" int
 msv_gsampler_run(struct msv_gsampler *g, float *logits,
     const struct msv_sample_row *rows, uint32_t n,
     struct msv_sample_res *res, char *err, size_t errlen)
 {
-    uint32_t   i, n_setup = 0;
+    uint32_t   i, n_setup = 0, n_res = 0;
     size_t     used = 0;
     cudaError_t e;
 
@@ -2795,6 +2839,8 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
                       | MSV_GS_MINP)))
         {
             fl |= MSV_GS_FAST;
+        } else {
+            n_res++;
         }
 
         memset(w, 0, sizeof(*w));
@@ -2835,6 +2881,7 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
                                cudaMemcpyHostToDevice, g->stream), "upload");
     MSV_GS_TRY(cudaMemsetAsync(g->d_res, 0, n * sizeof(msv_gs_res),
                                g->stream), "reset");
+    MSV_GS_TRY(cudaMemsetAsync(g->d_paths + 3, 0, 8, g->stream), "reset");
     MSV_GS_TRY(cudaEventRecord(g->eva, g->stream), "event");
 
     if (g->stream_on) {
@@ -2846,29 +2893,21 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
         MSV_GS_TRY(cudaGetLastError(), "streaming sampling kernel");
     }
     MSV_GS_TRY(cudaEventRecord(g->evs, g->stream), "event");
-    msv_sample_kernel<<<n * MSV_GS_CLUSTER, MSV_GS_THREADS, g->smem,
-                        g->stream>>>(logits, g->vocab, g->chunk, g->d_rows,
-                                     g->st, g->d_ids, g->d_lps, g->d_topk,
-                                     g->d_toplp, g->max_lp, g->d_res,
-                                     g->stream_on ? g->d_slow : NULL,
-                                     g->d_prof);
-    MSV_GS_TRY(cudaGetLastError(), "sampling kernel");
-    MSV_GS_TRY(cudaEventRecord(g->evb, g->stream), "event");
-
-    /* the last run's rows may still be on their way to the host
-     * (msv_gsampler_copy): packing over them waits on the device (an
-     * event never recorded is already complete) */
-    MSV_GS_TRY(cudaStreamWaitEvent(g->stream, g->ev_copied, 0), "event");
-    msv_gs_pack_kernel<<<n, MSV_GS_PACK_THREADS, 0, g->stream>>>(g->d_rows,
-        g->d_res, g->vocab, g->d_ids, g->d_lps, g->d_topk, g->d_toplp,
-        g->max_lp, g->d_pack);
-    MSV_GS_TRY(cudaGetLastError(), "packing kernel");
-    MSV_GS_TRY(cudaEventRecord(g->ev1, g->stream), "event");
-
-    MSV_GS_TRY(cudaMemcpyAsync(g->h_res, g->d_res, n * sizeof(msv_gs_res),
-                               cudaMemcpyDeviceToHost, g->stream),
-               "results");
+    /* the resident kernel, now if a row is known to need it; else only if
+     * the streaming kernel left it one (rare: its candidates did not fit),
+     * once the run's end has shown that */
+    if (msv_gs_finish_run(g, logits, n, !g->stream_on || n_res > 0, err,
+                          errlen) != 0)
+    {
+        return -1;
+    }
     e = cudaStreamSynchronize(g->stream);
+    if (e == cudaSuccess && g->stream_on && n_res == 0 && *g->h_left > 0) {
+        if (msv_gs_finish_run(g, logits, n, 1, err, errlen) != 0) {
+            return -1;
+        }
+        e = cudaStreamSynchronize(g->stream);
+    }
     if (e != cudaSuccess) {
         return msv_gs_err(err, errlen, "sampling", e);
     }
