@@ -741,6 +741,52 @@ msv_gs_cut(cg::cluster_group &cl, msv_gs_smem &S, int xk, const float *z,
 }
 
 /*
+ * The cluster's smallest *mn and largest *mx of the threads' values, and
+ * (if sum is not NULL) the sum of *sum, through exchange xk (w0: a word
+ * that goes along, summed too).
+ */
+__device__ static void
+msv_gs_minmax(cg::cluster_group &cl, msv_gs_smem &S, int xk, uint64_t w0,
+    uint32_t *mn, uint32_t *mx, uint64_t *sum)
+{
+    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, r, o;
+    uint32_t  a = *mn, b = *mx;
+
+    for (int d = 16; d > 0; d >>= 1) {
+        o = __shfl_down_sync(0xffffffffu, a, d);
+        a = o < a ? o : a;
+        o = __shfl_down_sync(0xffffffffu, b, d);
+        b = o > b ? o : b;
+    }
+    if (lane == 0) {
+        S.red[w][0] = a;
+        S.red[w][1] = b;
+    }
+    __syncthreads();
+    a = UINT32_MAX;
+    b = 0;
+    for (i = 0; i < MSV_GS_NW; i++) {
+        a = (uint32_t) S.red[i][0] < a ? (uint32_t) S.red[i][0] : a;
+        b = (uint32_t) S.red[i][1] > b ? (uint32_t) S.red[i][1] : b;
+    }
+    __syncthreads();
+    msv_gs_exchange(cl, S, xk, a, b, w0, 0);
+    a = UINT32_MAX;
+    b = 0;
+    w0 = 0;
+    for (r = 0; r < S.nr; r++) {
+        a = (uint32_t) S.g[r][0] < a ? (uint32_t) S.g[r][0] : a;
+        b = (uint32_t) S.g[r][1] > b ? (uint32_t) S.g[r][1] : b;
+        w0 += S.g[r][2];
+    }
+    *mn = a;
+    *mx = b;
+    if (sum != NULL) {
+        *sum = w0;
+    }
+}
+
+/*
  * The smallest order key in the current set (*kmin) and the bits where
  * the keys differ from it (*diff: the OR over the set of key ^ kmin is
  * bounded by max ^ min, which is what is returned).  Uses exchange xk + 2.
@@ -750,8 +796,8 @@ msv_gs_key_range(cg::cluster_group &cl, msv_gs_smem &S, int xk,
     const float *z, const uint16_t *ix, uint32_t n, uint32_t c0, float lo,
     uint64_t bound, uint32_t *kmin, uint32_t *diff)
 {
-    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, r;
-    uint32_t  mn = UINT32_MAX, mx = 0, o;
+    uint32_t  i;
+    uint32_t  mn = UINT32_MAX, mx = 0;
 
     for (i = threadIdx.x; i < n; i += MSV_GS_NT) {
         float  x = MSV_GS_VAL(i);
@@ -763,31 +809,7 @@ msv_gs_key_range(cg::cluster_group &cl, msv_gs_smem &S, int xk,
             mx = u > mx ? u : mx;
         }
     }
-    for (int d = 16; d > 0; d >>= 1) {
-        o = __shfl_down_sync(0xffffffffu, mn, d);
-        mn = o < mn ? o : mn;
-        o = __shfl_down_sync(0xffffffffu, mx, d);
-        mx = o > mx ? o : mx;
-    }
-    if (lane == 0) {
-        S.red[w][0] = mn;
-        S.red[w][1] = mx;
-    }
-    __syncthreads();
-    mn = UINT32_MAX;
-    mx = 0;
-    for (i = 0; i < MSV_GS_NW; i++) {
-        mn = (uint32_t) S.red[i][0] < mn ? (uint32_t) S.red[i][0] : mn;
-        mx = (uint32_t) S.red[i][1] > mx ? (uint32_t) S.red[i][1] : mx;
-    }
-    __syncthreads();
-    msv_gs_exchange(cl, S, xk + 2, mn, mx, 0, 0);
-    mn = UINT32_MAX;
-    mx = 0;
-    for (r = 0; r < S.nr; r++) {
-        mn = (uint32_t) S.g[r][0] < mn ? (uint32_t) S.g[r][0] : mn;
-        mx = (uint32_t) S.g[r][1] > mx ? (uint32_t) S.g[r][1] : mx;
-    }
+    msv_gs_minmax(cl, S, xk + 2, 0, &mn, &mx, NULL);
     *kmin = mn;
     *diff = mn ^ mx;
 }
@@ -804,6 +826,39 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int xk,
 {
     uint32_t  prefix, mask, shift, digit, i, id, top;
     uint64_t  need = k, dummy = 0;
+
+    if (S.nr == 1 && n <= 256) {
+        /* few, in one block: each element's rank is how many rank keys
+         * of the set are lower than its own (keys differ: ids do) */
+        for (i = threadIdx.x; i < 256; i += MSV_GS_NT) {
+            float  x = i < n ? MSV_GS_VAL(i) : -INFINITY;
+
+            S.H[i] = i < n && msv_gs_in(x, MSV_GS_ID(i), lo, bound)
+                     ? msv_rank_key(x, MSV_GS_ID(i)) : UINT64_MAX;
+        }
+        __syncthreads();
+        for (i = threadIdx.x; i < n; i += MSV_GS_NT) {
+            const uint64_t  key = S.H[i];
+            uint64_t        rank = 0;
+
+            if (key == UINT64_MAX) {
+                continue;
+            }
+            for (uint32_t j = 0; j < n; j++) {
+                rank += S.H[j] < key;
+            }
+            if (rank + 1 == k) {
+                S.x[MSV_GS_NX - 1][0] = key;
+            }
+        }
+        __syncthreads();
+        {
+            uint64_t  key = S.x[MSV_GS_NX - 1][0];
+
+            __syncthreads();
+            return key;
+        }
+    }
 
     msv_gs_key_range(cl, S, xk, z, ix, n, c0, lo, bound, &prefix, &top);
     if (top == 0) {
@@ -952,21 +1007,35 @@ msv_gs_finish(cg::cluster_group &cl, msv_gs_smem &S,
         double    tau, d;
         const double  md = (double) m;
 
+        uint32_t  kmn = UINT32_MAX, kmx = 0;
+
         for (i = threadIdx.x; i < nn; i += MSV_GS_NT) {
             x = MSV_GS_VAL(i);
             if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
-                w += msv_weight((double) x - md);
+                q = msv_weight((double) x - md);
+                w += q;
+                if (q > 0) {
+                    uint32_t  u = msv_fkey(x);
+
+                    kmn = u < kmn ? u : kmn;
+                    kmx = u > kmx ? u : kmx;
+                }
             }
         }
         w = msv_gs_sum64(S, w);
-        msv_gs_exchange(cl, S, xk++, w, 0, 0, 0);
-        w = 0;
-        for (r = 0; r < S.nr; r++) {
-            w += S.g[r][0];
-        }
+        msv_gs_minmax(cl, S, xk++, w, &kmn, &kmx, &w);
         tau = (double) R.top_p * (double) w;
 
-        for (int rd = 0; rd < 4; rd++) {
+        /* the bytes above the first where the weighted keys differ are
+         * theirs: the rounds that would find them are skipped */
+        {
+            uint32_t  df = kmn ^ kmx;
+
+            shift = df == 0 ? 0 : 8 * ((31 - __clz(df)) / 8);
+            mask = shift == 24 ? 0 : ~0u << (shift + 8);
+            prefix = kmn & mask;
+        }
+        for (int rd = (24 - (int) shift) / 8; rd < 4; rd++) {
             shift = 24 - 8 * rd;
             for (i = threadIdx.x; i < 256; i += MSV_GS_NT) {
                 S.wh[rd & 1][i][0] = 0;
@@ -2143,7 +2212,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
                 if (!(g > 0.0f)) {
                     g = fmaxf(1e-3f * fabsf(vc), 1e-6f);
                 }
-                if (kc > 4 * need + 1536) {
+                if (kc > 3 * need + 256) {
                     g *= 0.75f;
                 } else if (kc < need + need / 4 + 16) {
                     g *= 1.5f;
