@@ -2,6 +2,10 @@
  * sampling.cu: the sampler contract (docs/SAMPLER.md) on the GPU, with
  * mask capture packed into the ring's row format.
  *
+ * Two sampling kernels: the streaming kernel (its own section below)
+ * takes every row it can, keeping only candidates in shared memory; the
+ * resident kernel, described here, takes the rest.
+ *
  * One thread-block cluster of MSV_GS_CLUSTER blocks takes one row of
  * logits.  Each block copies its slice of the row (vocab / cluster ids)
  * into shared memory once, processes it there (bias, penalties,
