@@ -9,7 +9,7 @@
  * The PyTorch way of doing the same work is timed by
  * bench/gpu_sampler_torch.py in the same run (bench/gpu_sampler.sh).
  *
- *   gpu_sampler [-V vocab] [-r repeats] [-s sets] [-p]
+ *   gpu_sampler [-V vocab] [-r repeats] [-s sets] [-p] [-v]
  *
  * -p: also the mean SM cycles of each stage of the sampling kernel for one
  * row (block 0 of its cluster).
@@ -19,7 +19,8 @@
  * to 1.25 and shifted by -1 to 1 nat a row, so that the streaming
  * kernel's floor predicted from a request's previous step is tested as it
  * would be by a model whose logits move from step to step.  -s 1: the
- * same logits every step (the prediction's best case), up to -s 4.  Each case is
+ * same logits every step (the prediction's best case), up to -s 4.
+ * -v: the rows each path took, step by step.  Each case is
  * a new set of requests (new cookies).  The rows each path of the sampler
  * took in the timed steps are printed per case.
  *
@@ -104,10 +105,10 @@ main(int argc, char **argv)
     static const char     *modes[] = { "off", "selected", "support" };
     uint32_t               V = 151936, reps = 20, nset = NSET, B, i, bi, ci,
                            mi, r, n;
-    int                    opt, prof = 0;
+    int                    opt, prof = 0, verbose = 0;
     double                 cyc[7];
     float                 *h, *hv, *d, *ds[NSET];
-    unsigned long long     pa[3], pb[3];
+    unsigned long long     pa[3], pb[3], pv[3];
     uint8_t               *dst;
     size_t                 dst_bytes;
     double                 km[64], cm[64], pm[4][64], kmed, cmed, bytes;
@@ -120,9 +121,11 @@ main(int argc, char **argv)
     char                   table[8192];
     size_t                 tl = 0;
 
-    while ((opt = getopt(argc, argv, "V:r:s:p")) != -1) {
+    while ((opt = getopt(argc, argv, "V:r:s:pv")) != -1) {
         if (opt == 'p') {
             prof = 1;
+        } else if (opt == 'v') {
+            verbose = 1;
         } else if (opt == 's') {
             nset = (uint32_t) atoi(optarg);
             if (nset < 1 || nset > NSET) {
@@ -135,7 +138,7 @@ main(int argc, char **argv)
             reps = (uint32_t) atoi(optarg);
         } else {
             fprintf(stderr, "usage: gpu_sampler [-V vocab] [-r repeats] "
-                    "[-s sets] [-p]\n");
+                    "[-s sets] [-p] [-v]\n");
             return 2;
         }
     }
@@ -232,11 +235,19 @@ main(int argc, char **argv)
                     if (r == 2) {
                         msv_gsampler_paths(g, pa);
                     }
+                    if (verbose) {
+                        msv_gsampler_paths(g, pv);
+                    }
                     if (msv_gsampler_run(g, d, sr, n, res, err,
                                          sizeof(err)) != 0)
                     {
                         fprintf(stderr, "%s\n", err);
                         return 1;
+                    }
+                    if (verbose && msv_gsampler_paths(g, pb) == 1) {
+                        printf("  step %u: predicted %llu, histogram %llu, "
+                               "resident %llu\n", r, pb[0] - pv[0],
+                               pb[1] - pv[1], pb[2] - pv[2]);
                     }
                     t0 = now_ms();
                     if (msv_gsampler_copy(g, 0, n, dst, err,
