@@ -972,6 +972,35 @@ msv_gs_update(cg::cluster_group &cl, msv_gs_smem &S,
 
 
 /*
+ * The result of a row without a draw (one thread): no finite logit
+ * (token -1, an empty row) or greedy (the max's lowest id, amax, a
+ * one-id support and top entry when asked).
+ */
+__device__ static void
+msv_gs_emit_max(const struct msv_gs_row &R, uint32_t ri, uint32_t V,
+    bool finite, float m, uint32_t amax, int32_t *out_ids, float *out_lps,
+    uint64_t *top_key, float *top_lp, uint32_t max_lp,
+    struct msv_gs_res *res)
+{
+    uint32_t  ns = finite && R.mode != MSV_MASK_OFF ? 1 : 0;
+    uint32_t  nt = finite && R.logprobs > 0 ? 1 : 0;
+
+    res[ri].token = finite ? (int32_t) amax : -1;
+    res[ri].logprob = 0.0f;
+    res[ri].n_support = ns;
+    res[ri].n_lps = ns;
+    res[ri].n_top = nt;
+    res[ri].bytes = msv_row_size(ns, ns, nt);
+    if (finite) {
+        out_ids[(size_t) ri * V] = (int32_t) amax;
+        out_lps[(size_t) ri * V] = 0.0f;
+        top_key[(size_t) ri * max_lp] = msv_rank_key(m, amax);
+        top_lp[(size_t) ri * max_lp] = 0.0f;
+    }
+}
+
+
+/*
  * Stages 6-9 (top_k, top_p, the race, capture) and the history update,
  * over what each block holds: its slice, its candidates, or (S.nr == 1)
  * every candidate of the row in block 0.  Returns the rank-key bound
@@ -1424,12 +1453,8 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
 
     if (n_fin == 0) {
         if (br == 0 && threadIdx.x == 0) {
-            res[ri].token = -1;
-            res[ri].logprob = 0.0f;
-            res[ri].n_support = 0;
-            res[ri].n_top = 0;
-            res[ri].n_lps = 0;
-            res[ri].bytes = msv_row_size(0, 0, 0);
+            msv_gs_emit_max(R, ri, V, false, m, amax, out_ids, out_lps,
+                            top_key, top_lp, max_lp, res);
         }
         cl.sync();
         return;
@@ -1438,20 +1463,8 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
     /* greedy: the first id in rank order */
     if (fl & MSV_GS_GREEDY) {
         if (br == 0 && threadIdx.x == 0) {
-            uint32_t  ns = R.mode != MSV_MASK_OFF ? 1 : 0;
-            uint32_t  nl = R.mode == MSV_MASK_OFF ? 0 : 1;
-            uint32_t  nt = R.logprobs > 0 ? 1 : 0;
-
-            res[ri].token = (int32_t) amax;
-            res[ri].logprob = 0.0f;
-            res[ri].n_support = ns;
-            res[ri].n_lps = nl;
-            res[ri].n_top = nt;
-            res[ri].bytes = msv_row_size(ns, nl, nt);
-            out_ids[(size_t) ri * V] = (int32_t) amax;
-            out_lps[(size_t) ri * V] = 0.0f;
-            top_key[(size_t) ri * max_lp] = msv_rank_key(m, amax);
-            top_lp[(size_t) ri * max_lp] = 0.0f;
+            msv_gs_emit_max(R, ri, V, true, m, amax, out_ids, out_lps,
+                            top_key, top_lp, max_lp, res);
         }
         MSV_GS_MARK(7);
         msv_gs_update(cl, S, R, st, V, c0, n, amax);
@@ -1807,17 +1820,18 @@ msv_gs_walk_any(bool vec, int proc, const float *src, uint32_t a0,
     float mref, uint32_t bsel, float *wz, uint32_t *wi, uint32_t *hist,
     float *m, uint32_t *amax, uint32_t *cnt)
 {
+    /* MODE 3 runs for monotone processing only: no PROC 2 of it */
+    constexpr int  P2 = MODE == 3 ? 1 : 2;
+
 #define MSV_GS_W(V_, P_)                                                 \
     msv_gs_walk<MODE, V_, P_>(src, a0, a1, c0, fl, R, sn, cn, temp, t, lo,\
                               mref, bsel, wz, wi, hist, m, amax, cnt)
     if (vec) {
         return proc == 0 ? MSV_GS_W(true, 0)
-               : proc == 1 || MODE == 3 ? MSV_GS_W(true, 1)
-               : MSV_GS_W(true, (MODE == 3 ? 1 : 2));
+               : proc == 1 ? MSV_GS_W(true, 1) : MSV_GS_W(true, P2);
     }
     return proc == 0 ? MSV_GS_W(false, 0)
-           : proc == 1 || MODE == 3 ? MSV_GS_W(false, 1)
-           : MSV_GS_W(false, (MODE == 3 ? 1 : 2));
+           : proc == 1 ? MSV_GS_W(false, 1) : MSV_GS_W(false, P2);
 #undef MSV_GS_W
 }
 
@@ -1973,22 +1987,8 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
 
     if (n_fin == 0 || (fl & MSV_GS_GREEDY)) {
         if (br == 0 && threadIdx.x == 0) {
-            bool      gr = n_fin > 0;
-            uint32_t  ns = gr && R.mode != MSV_MASK_OFF ? 1 : 0;
-            uint32_t  nt = gr && R.logprobs > 0 ? 1 : 0;
-
-            res[ri].token = gr ? (int32_t) amax : -1;
-            res[ri].logprob = 0.0f;
-            res[ri].n_support = ns;
-            res[ri].n_lps = ns;
-            res[ri].n_top = nt;
-            res[ri].bytes = msv_row_size(ns, ns, nt);
-            if (gr) {
-                out_ids[(size_t) ri * V] = (int32_t) amax;
-                out_lps[(size_t) ri * V] = 0.0f;
-                top_key[(size_t) ri * max_lp] = msv_rank_key(m, amax);
-                top_lp[(size_t) ri * max_lp] = 0.0f;
-            }
+            msv_gs_emit_max(R, ri, V, n_fin > 0, m, amax, out_ids, out_lps,
+                            top_key, top_lp, max_lp, res);
             slow[ri] = 0;
             atomicAdd(&paths[0], 1ull);
         }
