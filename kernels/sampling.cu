@@ -2214,7 +2214,8 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
                 uint64_t  need = bk != UINT64_MAX ? (uint64_t) R.top_k : n1;
 
                 if (!(g > 0.0f)) {
-                    g = fmaxf(1e-3f * fabsf(vc), 1e-6f);
+                    /* the gap that just held */
+                    g = fmaxf(__fsub_rn(vc, t), 1e-6f);
                 }
                 if (kc > 3 * need + 256) {
                     g *= 0.75f;
@@ -2232,6 +2233,10 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
                 }
                 g = __fsub_rn(vc, pt);
             }
+        } else if ((fl & MSV_GS_TOPK) && (hit ? t : t_hist) > -FLT_MAX) {
+            /* exactly k candidates, so no cut was looked for: the floor
+             * that held, or the one the histogram gives, stays */
+            pt = hit ? t : (t_hist < t_cap ? t_cap : t_hist);
         } else {
             g = NAN;
         }
