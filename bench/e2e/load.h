@@ -71,6 +71,7 @@ typedef struct {
     double       timeout;           /* seconds per request */
     uint64_t     seed;
     long         print_errors;
+    int          same_tokens;       /* 0: runs may differ in token_ids */
     int          modes[MSV_N_MODES];
     int          n_modes;
     msv_watch_t  watch[MSV_LOAD_MAX_WATCH];
