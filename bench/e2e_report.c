@@ -64,11 +64,14 @@ typedef struct {
 } msv_step_t;
 
 /* the stages a step is made of, and the gap before the next */
-enum { S_FWD, S_SMP, S_RING, S_HOST, S_GAP, S_N };
+enum { S_FWD, S_SMP, S_RING, S_HOST, S_GAP, S_TAIL, S_N };
 
+/* S_TAIL is a whole-run total only: no step has it */
 static const char  *msv_stage_names[S_N] = {
     "GPU forward", "sampling + capture", "copy into the ring",
-    "scheduler host", "between steps (waiting for requests or readers)"
+    "scheduler host", "between steps (waiting for requests or readers)",
+    "after the last step (nginx sending the last bodies, the client "
+    "receiving and checking them)"
 };
 
 typedef struct {
@@ -225,6 +228,7 @@ static void
 msv_row_steps(msv_row_t *r, size_t s0, size_t s1)
 {
     double     *v[S_N + 2], tps_tok = 0, first = NAN, last = NAN;
+    double      end = NAN;              /* the run's last step ended */
     size_t      i, nw = 0, na = 0, cap = s1 - s0 + 1;
     long        wave;
     int         k, use_win;
@@ -253,6 +257,7 @@ msv_row_steps(msv_row_t *r, size_t s0, size_t s1)
                 r->tot[S_RING] += s->ring / 1e3;
                 r->tot[S_HOST] += s->host / 1e3;
                 r->tot_step += s->t1 - s->t0;
+                end = isnan(end) || s->t1 > end ? s->t1 : end;
             }
             if (use_win && !(s->decode == wave && s->prefill == 0)) {
                 prev = NULL;
@@ -263,6 +268,7 @@ msv_row_steps(msv_row_t *r, size_t s0, size_t s1)
             v[S_RING][nw] = s->ring;
             v[S_HOST][nw] = s->host;
             v[S_GAP][nw] = prev != NULL ? (s->t0 - prev->t1) * 1e3 : NAN;
+            v[S_TAIL][nw] = NAN;
             v[S_N][nw] = (s->t1 - s->t0) * 1e3;
             v[S_N + 1][nw] = s->bytes / 1e6;
             if (use_win) {
@@ -298,7 +304,8 @@ msv_row_steps(msv_row_t *r, size_t s0, size_t s1)
     }
     r->step_ms = msv_median(v[S_N], nw);
     r->ring_mb = msv_median(v[S_N + 1], nw);
-    r->tot[S_GAP] = r->wall - r->tot_step;
+    r->tot[S_TAIL] = !isnan(end) && r->t1 > end ? r->t1 - end : 0;
+    r->tot[S_GAP] = r->wall - r->tot_step - r->tot[S_TAIL];
     for (k = 0; k < S_N + 2; k++) {
         free(v[k]);
     }
@@ -665,7 +672,7 @@ main(int argc, char **argv)
             "requests,ok,failed,mismatches,tokens,steps,steady_steps,"
             "steady_tok_s,client_wall_s,client_tok_s,ratio,target,met,"
             "step_ms,fwd_ms,sample_ms,ring_ms,host_ms,gap_ms,ring_mb_step,"
-            "fwd_s,sample_s,ring_s,host_s,outside_steps_s,wire_mb_s,"
+            "fwd_s,sample_s,ring_s,host_s,between_steps_s,after_steps_s,wire_mb_s,"
             "nginx_cpu_s,nginx_cpu_ms_per_mb,client_cpu_s,"
             "client_cpu_ms_per_mb,worker_cpu_s,worker_rss_mb,worker_hwm_mb,"
             "nginx_rss_mb,nginx_hwm_mb,bound,mask_ids,fmt_rows,fmt_ids,"
@@ -676,7 +683,7 @@ main(int argc, char **argv)
         r = &rows[i];
         fprintf(csv, "%s,%s,%s,%s,%ld,%g,%ld,%s,%ld,%ld,%ld,%ld,%ld,%.0f,"
                 "%ld,%ld,%.1f,%.3f,%.1f,%.4f,%g,%d,%.3f,%.3f,%.3f,%.3f,%.3f,"
-                "%.3f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.3f,"
+                "%.3f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.3f,%.3f,%.3f,%.3f,"
                 "%.3f,%.0f,%.0f,%.0f,%.0f,\"%s\",%.0f,%.0f,%.0f,%.0f,%.0f,"
                 "%.6f,%.6f,%.2f,%.2f,%.4f,%.3f,%d,\"%s\"\n", r->label, r->kind,
                 r->batch, r->maxtok, r->top_k, r->top_p, r->stream, r->mode,
@@ -686,7 +693,7 @@ main(int argc, char **argv)
                 r->met, r->step_ms, r->stage[S_FWD], r->stage[S_SMP],
                 r->stage[S_RING], r->stage[S_HOST], r->stage[S_GAP],
                 r->ring_mb, r->tot[S_FWD], r->tot[S_SMP], r->tot[S_RING],
-                r->tot[S_HOST], r->tot[S_GAP],
+                r->tot[S_HOST], r->tot[S_GAP], r->tot[S_TAIL],
                 r->wall > 0 ? r->bytes / r->wall / 1e6 : NAN, r->ncpu,
                 r->bytes > 0 ? r->ncpu * 1e3 / (r->bytes / 1e6) : NAN,
                 r->ccpu, r->bytes > 0 ? r->ccpu * 1e3 / (r->bytes / 1e6) : NAN,
