@@ -81,8 +81,10 @@ MSV_NGX_SRC := $(wildcard ngx_module/msv_*.c)
 
 # the response checker of the load client and of the tests (documents,
 # and whole responses with their SSE splitting), and its test
-CHECK_SRC := bench/e2e/array.c bench/e2e/check.c
-RESP_SRC  := $(CHECK_SRC) bench/e2e/resp.c bench/e2e/sse.c
+CHECK_SRC := bench/e2e/array.c bench/e2e/check.c bench/e2e/num.c \
+             bench/e2e/lse.c bench/e2e/b64dec.c
+RESP_SRC  := $(CHECK_SRC) bench/e2e/resp.c bench/e2e/sse.c bench/e2e/scan.c \
+             bench/e2e/fast.c
 
 $(B)/t/test_e2e_check: t/c/test_e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) \
                        $(MSV_NGX_SRC) $(LIBS)
@@ -96,6 +98,15 @@ $(B)/bench/e2e_check: bench/e2e_check.c $(RESP_SRC) $(RESP_SRC:.c=.h) \
                       $(MSV_NGX_SRC) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -MMD -MP \
+	    -o $@ $< $(RESP_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
+	    $(CUDA_LIBS) $(LDLIBS)
+
+# the checker's CPU time per MB of response, compiled as the load client
+# is (bench/results/e2e_client.md)
+$(B)/bench/e2e_check_bench: bench/e2e_check_bench.c $(RESP_SRC) \
+                            $(RESP_SRC:.c=.h) $(MSV_NGX_SRC) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Ingx_module -Ibench/e2e $(CFLAGS) $(LDFLAGS) -O3 -MMD -MP \
 	    -o $@ $< $(RESP_SRC) $(wildcard ngx_module/msv_*.c) $(LIBS) \
 	    $(CUDA_LIBS) $(LDLIBS)
 
@@ -125,7 +136,8 @@ $(B)/bench/%: bench/%.c $(MSV_NGX_SRC) $(LIBS)
 	    $(wildcard ngx_module/msv_*.c) $(LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # the e2e load client is split by concern: bench/e2e/ holds its parts
-# (http.c, sse.c, resp.c, load.c, check.c, array.c); bench/e2e_load.c its
+# (http.c, sse.c, resp.c, load.c, check.c, array.c, and the checker's fast
+# path: scan.c, fast.c, num.c, lse.c, b64dec.c); bench/e2e_load.c its
 # options
 E2E_SRC := $(wildcard bench/e2e/*.c)
 

@@ -5,10 +5,14 @@
  * usage, error, token_ids, the mask and its rows, the logprobs and their
  * rows, the packed mask) with the pending key of each map; values of
  * keys it does not know are skipped whatever their shape.  Numbers are
- * converted by hand (msv_parse_num) and a support row's logsumexp is
- * kept running, so a row is never stored twice.  Each choice is checked
- * when its object ends and only its summary kept (msv_choice_t), so a
- * document of n choices holds the rows of one choice at a time.
+ * converted by hand (num.c); a support row's logsumexp is taken over its
+ * values once the row ends (lse.c).  Each choice is checked when its
+ * object ends and only its summary kept (msv_choice_t), so a document of
+ * n choices holds the rows of one choice at a time.  Packed arrays are
+ * decoded in place: the ids straight into row_ids, the logprobs read as
+ * the float32 they are.  The rows' values and base64 strings may also
+ * come from fast.c, which reads them from the text and calls the same
+ * callbacks for what it does not take itself.
  */
 
 #include <math.h>
@@ -20,7 +24,10 @@
 #include <yajl/yajl_parse.h>
 
 #include "msv_b64.h"
+#include "b64dec.h"
 #include "check.h"
+#include "lse.h"
+#include "num.h"
 
 
 const char  *msv_mode_names[MSV_N_MODES] = {
@@ -105,106 +112,7 @@ msv_doc_fail(msv_doc_t *d, const char *fmt, ...)
 }
 
 
-static int
-msv_parse_int(const char *s, size_t n, long *out)
-{
-    size_t  i = 0;
-    long    v = 0;
-    int     neg = 0;
-
-    if (n > 0 && s[0] == '-') {
-        neg = 1;
-        i = 1;
-    }
-    if (i == n || n - i > 18) {
-        return -1;
-    }
-    for ( /* void */ ; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9') {
-            return -1;
-        }
-        v = v * 10 + (s[i] - '0');
-    }
-    *out = neg ? -v : v;
-    return 0;
-}
-
-
-/*
- * A JSON number (yajl checked its syntax) as a double.  Up to 19
- * significant digits and a decimal exponent within 10^+-22 are converted
- * directly (within an ulp or so: plenty for the checks here, and several
- * times faster than strtod); anything else goes through strtod.
- */
-
-static const double  msv_pow10[] = {
-    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12,
-    1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22
-};
-
-static int
-msv_parse_num(const char *s, size_t n, double *out)
-{
-    char      buf[64], *end;
-    size_t    i = 0;
-    uint64_t  m = 0;
-    int       neg = 0, digits = 0, scale = 0, e = 0, eneg = 0;
-    double    x;
-
-    if (i < n && s[i] == '-') {
-        neg = 1;
-        i++;
-    }
-    for ( /* void */ ; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
-        if (digits < 19) {
-            m = m * 10 + (uint64_t) (s[i] - '0');
-            digits += m != 0;
-        } else {
-            scale++;
-        }
-    }
-    if (i < n && s[i] == '.') {
-        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
-            if (digits < 19) {
-                m = m * 10 + (uint64_t) (s[i] - '0');
-                digits += m != 0;
-                scale--;
-            }
-        }
-    }
-    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
-        i++;
-        if (i < n && (s[i] == '-' || s[i] == '+')) {
-            eneg = s[i] == '-';
-            i++;
-        }
-        for ( /* void */ ; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
-            if (e < 10000) {
-                e = e * 10 + (s[i] - '0');
-            }
-        }
-    }
-    scale += eneg ? -e : e;
-
-    if (i == n && scale >= -22 && scale <= 22) {
-        x = (double) m;
-        x = scale < 0 ? x / msv_pow10[-scale] : x * msv_pow10[scale];
-        *out = neg ? -x : x;
-        return 0;
-    }
-
-    if (n == 0 || n >= sizeof(buf)) {
-        return -1;
-    }
-    memcpy(buf, s, n);
-    buf[n] = '\0';
-    *out = strtod(buf, &end);
-    return end == buf + n ? 0 : -1;
-}
-
-
-static int msv_doc_b64(msv_doc_t *d, msv_bytes_t *b, const char *s,
-    size_t n);
+static int msv_doc_b64(msv_doc_t *d, int k, const char *s, size_t n);
 static int msv_doc_choice_end(msv_doc_t *d);
 static int msv_doc_packed(msv_doc_t *d);
 static int msv_doc_packed_lps(msv_doc_t *d, int mode);
@@ -245,6 +153,7 @@ msv_doc_pop(msv_doc_t *d)
 {
     msv_frame_t  *f;
     double        lse;
+    size_t        n;
 
     f = msv_doc_top(d);
     if (f == NULL) {
@@ -258,8 +167,9 @@ msv_doc_pop(msv_doc_t *d)
     switch (f->kind) {
 
     case MSV_F_LPROW:
-        lse = d->lp_n ? d->lp_max + log(d->lp_sum) : 0.0;
-        msv_i32s_push(&d->lprow_len, d->lp_n);
+        n = d->lp_vals.n - d->lp_start;
+        lse = n ? msv_lse_f64(d->lp_vals.v + d->lp_start, n) : 0.0;
+        msv_i32s_push(&d->lprow_len, (int32_t) n);
         msv_f64s_push(&d->lprow_lse, lse);
         break;
 
@@ -322,38 +232,108 @@ msv_doc_pop(msv_doc_t *d)
 }
 
 
-/* A base64 string of sampling_mask_packed, decoded (strictly). */
+/*
+ * Where the bytes of packed array k go: the ids straight into row_ids,
+ * after the rows it holds (msv_doc_packed adds them once the map ends),
+ * the lengths and logprobs into pk[k].  Room for `bytes` and the slack
+ * of msv_b64dec_groups.
+ */
 
-static int
-msv_doc_b64(msv_doc_t *d, msv_bytes_t *b, const char *s, size_t n)
+char *
+msv_doc_b64_room(msv_doc_t *d, int k, size_t bytes)
 {
-    long  got;
+    msv_i32s_t   *a = &d->row_ids;
+    msv_bytes_t  *b = &d->pk[k];
+    size_t        need;
 
-    if (n / 4 * 3 + 1 > b->cap) {
-        b->p = msv_grow(b->p, &b->cap, n / 4 * 3 + 1, 1);
+    if (k == 1) {
+        need = a->n + (bytes + MSV_B64DEC_SLACK + 3) / 4;
+        if (need > a->cap) {
+            a->v = msv_grow(a->v, &a->cap, need, sizeof(int32_t));
+        }
+        return (char *) (a->v + a->n);
     }
-    got = msv_b64_decode(s, n, b->p);
+
+    need = bytes + MSV_B64DEC_SLACK;
+    if (need > b->cap) {
+        b->p = msv_grow(b->p, &b->cap, need, 1);
+    }
+    return b->p;
+}
+
+
+int
+msv_doc_b64_done(msv_doc_t *d, int k, long got, size_t chars)
+{
     if (got < 0 || got % 4) {
         return msv_doc_fail(d, "sampling_mask_packed: %s base64 (%zu "
                             "characters)", got < 0 ? "invalid"
-                            : "not whole 4-byte values in", n);
+                            : "not whole 4-byte values in", chars);
     }
-    b->n = (size_t) got;
+    d->pk[k].n = (size_t) got;
     return 1;
+}
+
+
+/* A base64 string of sampling_mask_packed, decoded (strictly). */
+
+static int
+msv_doc_b64(msv_doc_t *d, int k, const char *s, size_t n)
+{
+    char  *out;
+
+    out = msv_doc_b64_room(d, k, n / 4 * 3 + 1);
+    return msv_doc_b64_done(d, k, msv_b64_decode(s, n, out), n);
+}
+
+
+/* The first of the n ids at v that is negative or not above the one
+ * before it, or n (ascending and unique, none below 0). */
+
+static size_t
+msv_ids_first_bad(const int32_t *v, size_t n)
+{
+    size_t  i;
+    int     bad;
+
+    if (n == 0) {
+        return 0;
+    }
+    if (v[0] < 0) {
+        return 0;
+    }
+    /* whole blocks without a branch per id, then the one at fault */
+    for (i = 1; i + 8 <= n; i += 8) {
+        bad = (v[i] <= v[i - 1]) | (v[i + 1] <= v[i])
+              | (v[i + 2] <= v[i + 1]) | (v[i + 3] <= v[i + 2])
+              | (v[i + 4] <= v[i + 3]) | (v[i + 5] <= v[i + 4])
+              | (v[i + 6] <= v[i + 5]) | (v[i + 7] <= v[i + 6]);
+        if (bad) {
+            break;
+        }
+    }
+    for ( /* void */ ; i < n; i++) {
+        if (v[i] <= v[i - 1]) {
+            return i;
+        }
+    }
+    return n;
 }
 
 
 /*
  * The packed mask, decoded, into the fields the JSON parser fills (rows
  * and their ids; the logprobs once the mode is known, msv_doc_packed_lps),
- * so that msv_choice_check runs the same checks on both.
+ * so that msv_choice_check runs the same checks on both.  The ids are in
+ * row_ids already, after its n: each row is checked there and added.
  */
 
 static int
 msv_doc_packed(msv_doc_t *d)
 {
-    size_t   t, i, n, total, start;
-    int32_t  len, id, prev;
+    size_t          t, n, total, start, base;
+    int32_t         len;
+    const int32_t  *ids;
 
     n = d->pk[0].n / 4;
     total = 0;
@@ -371,22 +351,19 @@ msv_doc_packed(msv_doc_t *d)
                             "add up to %zu", d->pk[1].n / 4, total);
     }
 
+    base = d->row_ids.n;
+    ids = d->row_ids.v + base;
     start = 0;
     for (t = 0; t < n; t++) {
         memcpy(&len, d->pk[0].p + 4 * t, 4);
-        msv_i32s_push(&d->row_off, (int32_t) d->row_ids.n);
-        prev = -1;
-        for (i = start; i < start + (size_t) len; i++) {
-            memcpy(&id, d->pk[1].p + 4 * i, 4);
-            if (id < 0 || id <= prev) {
-                return msv_doc_fail(d, "sampling_mask_packed: row %zu: ids "
-                                    "not ascending and unique", t);
-            }
-            prev = id;
-            msv_i32s_push(&d->row_ids, id);
+        msv_i32s_push(&d->row_off, (int32_t) (base + start));
+        if (msv_ids_first_bad(ids + start, (size_t) len) != (size_t) len) {
+            return msv_doc_fail(d, "sampling_mask_packed: row %zu: ids "
+                                "not ascending and unique", t);
         }
         start += (size_t) len;
     }
+    d->row_ids.n = base + total;
 
     d->has_packed = 1;
     d->has_mask = 1;
@@ -395,18 +372,33 @@ msv_doc_packed(msv_doc_t *d)
 }
 
 
+/* Whether one of the n float32 at v is above 0 (1e-6) or NaN. */
+
+static int
+msv_lps_above_0(const float *v, size_t n)
+{
+    size_t  i;
+    int     bad = 0;
+
+    for (i = 0; i < n; i++) {
+        bad |= !(v[i] <= 1e-6f);
+    }
+    return bad;
+}
+
+
 /*
  * The packed logprobs, read as the request's mode says (one per token
- * or one per id), into mlps_num or each support row's logsumexp.
- * Returns 0 or -1 with d->bad set.
+ * or one per id), into mlps_num or each support row's logsumexp; they
+ * stay in pk[2], where msv_doc_check_mask reads them.  Returns 0 or -1
+ * with d->bad set.
  */
 
 static int
 msv_doc_packed_lps(msv_doc_t *d, int mode)
 {
-    size_t   t, i, n, total, start, len;
-    float    x;
-    double   m, sum;
+    size_t        t, n, total, start, len;
+    const float  *lps = (const float *) d->pk[2].p;
 
     n = d->row_off.n;
     total = d->row_ids.n;
@@ -418,15 +410,10 @@ msv_doc_packed_lps(msv_doc_t *d, int mode)
         return -1;
     }
 
-    d->lp_vals.n = 0;
-    for (i = 0; i < d->pk[2].n / 4; i++) {
-        memcpy(&x, d->pk[2].p + 4 * i, 4);
-        if (!(x <= 1e-6f)) {
-            snprintf(d->bad, sizeof(d->bad), "sampling_mask_packed: a "
-                     "logprob above 0");
-            return -1;
-        }
-        msv_f64s_push(&d->lp_vals, x);
+    if (msv_lps_above_0(lps, d->pk[2].n / 4)) {
+        snprintf(d->bad, sizeof(d->bad), "sampling_mask_packed: a "
+                 "logprob above 0");
+        return -1;
     }
 
     if (mode == MSV_MODE_SELECTED) {
@@ -437,18 +424,8 @@ msv_doc_packed_lps(msv_doc_t *d, int mode)
     for (t = 0; t < n; t++) {
         start = (size_t) d->row_off.v[t];
         len = (t + 1 < n ? (size_t) d->row_off.v[t + 1] : total) - start;
-        m = -INFINITY;
-        for (i = start; i < start + len; i++) {
-            memcpy(&x, d->pk[2].p + 4 * i, 4);
-            m = x > m ? x : m;
-        }
-        sum = 0;
-        for (i = start; i < start + len; i++) {
-            memcpy(&x, d->pk[2].p + 4 * i, 4);
-            sum += exp((double) x - m);
-        }
         msv_i32s_push(&d->lprow_len, (int32_t) len);
-        msv_f64s_push(&d->lprow_lse, m + log(sum));
+        msv_f64s_push(&d->lprow_lse, msv_lse_f32(lps + start, len));
     }
     d->mlps_arr = (long) n;
     return 0;
@@ -464,6 +441,9 @@ msv_cb_key(void *ctx, const unsigned char *k, size_t n)
 
 #define MSV_IS(s)  (n == sizeof(s) - 1 && memcmp(k, s, n) == 0)
 
+    if (d->mute) {
+        return 1;
+    }
     if (f == NULL) {
         return msv_doc_fail(d, "key outside an object");
     }
@@ -580,6 +560,9 @@ msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
     size_t        nr;
     int32_t       prev;
 
+    if (d->mute) {
+        return 1;
+    }
     if (f == NULL) {
         return msv_doc_fail(d, "a document that is not an object");
     }
@@ -683,7 +666,7 @@ msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
             }
             return 1;
         }
-        return msv_doc_b64(d, &d->pk[f->key - MSV_K_PLENGTHS], s, n);
+        return msv_doc_b64(d, f->key - MSV_K_PLENGTHS, s, n);
 
     case MSV_F_LOGPROBS:
         if (f->key == MSV_K_CONTENT) {
@@ -772,18 +755,7 @@ msv_doc_scalar(msv_doc_t *d, int type, const char *s, size_t n)
             return msv_doc_fail(d, "sampling_mask_logprobs: a support "
                                 "logprob above 0");
         }
-        /* running logsumexp */
-        if (d->lp_n == 0) {
-            d->lp_max = x;
-            d->lp_sum = 1.0;
-        } else if (x > d->lp_max) {
-            d->lp_sum = d->lp_sum * exp(d->lp_max - x) + 1.0;
-            d->lp_max = x;
-        } else {
-            d->lp_sum += exp(x - d->lp_max);
-        }
-        d->lp_n++;
-        msv_f64s_push(&d->lp_vals, x);
+        msv_f64s_push(&d->lp_vals, x);    /* the row's logsumexp at its end */
         return 1;
 
     case MSV_F_CHOICES:
@@ -831,6 +803,9 @@ msv_cb_start_map(void *ctx)
     msv_doc_t    *d = ctx;
     msv_frame_t  *f = msv_doc_top(d);
 
+    if (d->mute) {
+        return 1;
+    }
     if (f == NULL) {
         if (d->top_done) {
             return msv_doc_fail(d, "two JSON documents in one");
@@ -917,6 +892,9 @@ msv_cb_start_array(void *ctx)
     msv_doc_t    *d = ctx;
     msv_frame_t  *f = msv_doc_top(d);
 
+    if (d->mute) {
+        return 1;
+    }
     if (f == NULL) {
         return msv_doc_fail(d, "a document that is not an object");
     }
@@ -960,9 +938,7 @@ msv_cb_start_array(void *ctx)
 
     case MSV_F_MLPS:
         d->mlps_arr++;
-        d->lp_n = 0;
-        d->lp_max = 0;
-        d->lp_sum = 0;
+        d->lp_start = d->lp_vals.n;
         return msv_doc_push(d, MSV_F_LPROW);
 
     case MSV_F_LOGPROBS:
@@ -1002,7 +978,9 @@ msv_cb_start_array(void *ctx)
 static int
 msv_cb_end(void *ctx)
 {
-    return msv_doc_pop(ctx);
+    msv_doc_t  *d = ctx;
+
+    return d->mute ? 1 : msv_doc_pop(d);
 }
 
 
@@ -1019,6 +997,21 @@ yajl_callbacks  msv_doc_callbacks = {
     msv_cb_start_array,
     msv_cb_end
 };
+
+
+/* Mask logprob i: a packed one as the float32 it is, or a JSON one. */
+
+static double
+msv_doc_lp(const msv_doc_t *d, size_t i)
+{
+    float  x;
+
+    if (d->has_packed) {
+        memcpy(&x, d->pk[2].p + 4 * i, 4);
+        return x;
+    }
+    return d->lp_vals.v[i];
+}
 
 
 /* The mask rows against the tokens and the request; 0 or -1. */
@@ -1142,7 +1135,7 @@ msv_doc_check_mask(msv_doc_t *d, const msv_expect_t *e)
                 return -1;
             }
             /* the rows so far have as many values as ids: aligned */
-            lp = d->lp_vals.v[mid];
+            lp = msv_doc_lp(d, mid);
 
             /* what logprobs.content says of the sampled token, when sent */
             if (r < d->lpc_lp.n && fabs(d->lpc_lp.v[r] - lp) > 1e-6) {
@@ -1152,7 +1145,7 @@ msv_doc_check_mask(msv_doc_t *d, const msv_expect_t *e)
                 return -1;
             }
         } else {
-            lp = d->lp_vals.v[r];
+            lp = msv_doc_lp(d, r);
         }
         if (e->temperature == 0 && fabs(lp) > 1e-6) {
             snprintf(d->bad, sizeof(d->bad), "greedy mask row %zu: logprob "
@@ -1267,7 +1260,8 @@ static int
 msv_doc_choice_end(msv_doc_t *d)
 {
     msv_choice_t  *c;
-    size_t         i, r, end;
+    size_t         r, start, end;
+    int32_t        len;
     long           idx = d->index;
     char           why[MSV_CHECK_ERR_MAX];
 
@@ -1303,27 +1297,52 @@ msv_doc_choice_end(msv_doc_t *d)
     c->finish = d->finish;
     memcpy(c->finish_str, d->finish_str, sizeof(c->finish_str));
 
-    c->hash = 0;
     c->hpow = 1;
-    for (i = 0; i < d->tokens.n; i++) {
-        c->hash = c->hash * MSV_HASH_P + (uint32_t) d->tokens.v[i] + 1;
-        c->hpow *= MSV_HASH_P;
-    }
+    c->hash = msv_hash_i32s(0, &c->hpow, d->tokens.v, d->tokens.n);
     /* row by row, length then ids: the same whatever the events */
     c->mhash = 0;
     c->mpow = 1;
     for (r = 0; r < d->row_off.n; r++) {
+        start = (size_t) d->row_off.v[r];
         end = r + 1 < d->row_off.n ? (size_t) d->row_off.v[r + 1]
                                    : d->row_ids.n;
-        c->mhash = c->mhash * MSV_HASH_P
-                   + (uint32_t) (end - (size_t) d->row_off.v[r]) + 1;
-        c->mpow *= MSV_HASH_P;
-        for (i = (size_t) d->row_off.v[r]; i < end; i++) {
-            c->mhash = c->mhash * MSV_HASH_P + (uint32_t) d->row_ids.v[i] + 1;
-            c->mpow *= MSV_HASH_P;
-        }
+        len = (int32_t) (end - start);
+        c->mhash = msv_hash_i32s(c->mhash, &c->mpow, &len, 1);
+        c->mhash = msv_hash_i32s(c->mhash, &c->mpow, d->row_ids.v + start,
+                                 end - start);
     }
     return 1;
+}
+
+
+/*
+ * The polynomial hash (check.h) over n more values: four a step, h * P^4
+ * plus the four values times P^3 .. P^0, so that the multiplications of
+ * a step do not wait on each other, only the one by P^4 on the step
+ * before (the same sum, modulo 2^64, as one value at a time).
+ */
+
+uint64_t
+msv_hash_i32s(uint64_t h, uint64_t *pow, const int32_t *v, size_t n)
+{
+    const uint64_t  p1 = MSV_HASH_P, p2 = p1 * p1, p3 = p2 * p1,
+                    p4 = p2 * p2;
+    uint64_t        pw = *pow;
+    size_t          i;
+
+    for (i = 0; i + 4 <= n; i += 4) {
+        h = h * p4 + ((uint64_t) (uint32_t) v[i] + 1) * p3
+            + ((uint64_t) (uint32_t) v[i + 1] + 1) * p2
+            + ((uint64_t) (uint32_t) v[i + 2] + 1) * p1
+            + (uint64_t) (uint32_t) v[i + 3] + 1;
+        pw *= p4;
+    }
+    for ( /* void */ ; i < n; i++) {
+        h = h * p1 + (uint64_t) (uint32_t) v[i] + 1;
+        pw *= p1;
+    }
+    *pow = pw;
+    return h;
 }
 
 

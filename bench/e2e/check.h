@@ -1,22 +1,23 @@
 /*
  * check.h: the response checker of the e2e load client.  One JSON
  * document (an SSE event or a whole non-streaming body) is parsed by
- * yajl with msv_doc_callbacks straight into an msv_doc_t and checked
- * against what was asked: each choice as it ends (its index, token ids, one
- * mask row and one logprob entry per token, rows ascending and unique,
- * the sampled token in its row, ids inside the vocabulary, |row| <=
- * top_k, greedy rows of one id with logprob 0, selected logprobs <= 0,
- * support rows summing to 1; logprobs.content (when asked) one entry per
- * token, the sampled token's, its top_logprobs best first and at most
- * as many as asked, its logprob that of the support row; packed masks
- * (mask_format "packed") are base64-decoded and go through the same
- * checks), then the document with msv_doc_check: as many choices as
- * sampling_params.n asked (a stream event: one to n), each index once.
- * Of each choice only a summary stays (msv_choice_t: counts and hashes);
- * what spans events (counts per choice, [DONE], usage) is the caller's.
- * The load client (bench/e2e/load.c) checks every event with it, the
- * end-to-end tests (t/lib/MsvTest.pm) every choice, through
- * bench/e2e_check.c.
+ * yajl with msv_doc_callbacks straight into an msv_doc_t (the mask
+ * values, in resp.c, by fast.c: the same checks, the same callbacks for
+ * the rest) and checked against what was asked: each choice as it ends
+ * (its index, token ids, one mask row and one logprob entry per token,
+ * rows ascending and unique, the sampled token in its row, ids inside
+ * the vocabulary, |row| <= top_k, greedy rows of one id with logprob 0,
+ * selected logprobs <= 0, support rows summing to 1; logprobs.content
+ * (when asked) one entry per token, the sampled token's, its
+ * top_logprobs best first and at most as many as asked, its logprob that
+ * of the support row; packed masks (mask_format "packed") are
+ * base64-decoded and go through the same checks), then the document with
+ * msv_doc_check: as many choices as sampling_params.n asked (a stream
+ * event: one to n), each index once.  Of each choice only a summary
+ * stays (msv_choice_t: counts and hashes); what spans events (counts per
+ * choice, [DONE], usage) is the caller's.  The load client
+ * (bench/e2e/load.c) checks every event with it, the end-to-end tests
+ * (t/lib/MsvTest.pm) every choice, through bench/e2e_check.c.
  */
 
 #ifndef MSV_E2E_CHECK_H
@@ -168,17 +169,19 @@ typedef struct {
     int           has_mask;
     int           has_mlps;
     int           has_packed;       /* sampling_mask_packed, decoded */
-    msv_bytes_t   pk[3];            /* its lengths, ids, logprobs */
+    msv_bytes_t   pk[3];            /* its lengths, ids, logprobs: the
+                                       bytes decoded (n); the ids' are
+                                       in row_ids, after its n, until
+                                       the map ends and adds them */
     msv_i32s_t    row_ids;          /* every row, concatenated */
     msv_i32s_t    row_off;          /* start of each row in row_ids */
     long          mlps_num;         /* selected: one number per token */
     long          mlps_arr;         /* support: one array per token */
     msv_i32s_t    lprow_len;
     msv_f64s_t    lprow_lse;
-    msv_f64s_t    lp_vals;          /* every mask logprob, in order */
-    int32_t       lp_n;             /* current support row: count, */
-    double        lp_max;           /* running max and */
-    double        lp_sum;           /* sum of exp(lp - max) */
+    msv_f64s_t    lp_vals;          /* every JSON mask logprob, in order
+                                       (packed ones stay in pk[2]) */
+    size_t        lp_start;         /* the support row's first in it */
     int           has_logprobs;     /* the key, whatever its value */
     int           has_lpcontent;    /* logprobs.content, an array */
     msv_i32s_t    lpc_tok;          /* per entry: token_id, */
@@ -195,6 +198,10 @@ typedef struct {
 
     /* the first problem found */
     char          bad[MSV_CHECK_ERR_MAX];
+
+    /* set while yajl is fed text that only puts it back in step with
+     * what the fast path (fast.c) read: the callbacks ignore it */
+    int           mute;
 } msv_doc_t;
 
 
@@ -213,6 +220,23 @@ void msv_doc_free(msv_doc_t *d);
 /* Once parsed (each choice was checked as it ended): the checks of the
  * whole document, its error and choices.  0, or -1 with d->bad set. */
 int msv_doc_check(msv_doc_t *d);
+
+/*
+ * A base64 string of sampling_mask_packed (k: 0 lengths, 1 ids, 2
+ * logprobs) decoded outside yajl (fast.c), as msv_doc_callbacks would:
+ * msv_doc_b64_room gives where its bytes go, with room for `bytes` and
+ * MSV_B64DEC_SLACK more (it may move as it grows); msv_doc_b64_done
+ * takes the verdict, got the bytes decoded or -1 when the string of
+ * `chars` characters is not canonical base64, with the checks and the
+ * message of the callback.  1, or 0 with d->bad set.
+ */
+char *msv_doc_b64_room(msv_doc_t *d, int k, size_t bytes);
+int msv_doc_b64_done(msv_doc_t *d, int k, long got, size_t chars);
+
+/* h * P^n + the hash of the n values (as the one of check.h, over
+ * v[i] + 1), with *pow multiplied by P^n */
+uint64_t msv_hash_i32s(uint64_t h, uint64_t *pow, const int32_t *v,
+    size_t n);
 
 
 #endif /* MSV_E2E_CHECK_H */

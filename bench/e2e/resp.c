@@ -2,7 +2,8 @@
  * resp.c: one response, checked as it arrives and as a whole (see
  * resp.h).  The documents are parsed as their bytes come (yajl with
  * check.c's callbacks), in pieces of bounded size (msv_resp_json), so
- * neither the body nor an event is buffered whole.
+ * neither the body nor an event is buffered whole; the values of the
+ * masks are read by fast.c, from the pieces as they come.
  */
 
 #include <stdarg.h>
@@ -49,6 +50,7 @@ msv_resp_stop(msv_resp_t *r)
         yajl_free(r->yh);
         r->yh = NULL;
     }
+    r->fast.kind = 0;
 }
 
 
@@ -60,6 +62,7 @@ msv_resp_free(msv_resp_t *r)
     free(r->stage.p);
     memset(&r->stage, 0, sizeof(r->stage));
     free(r->sse.data.p);
+    msv_fast_free(&r->fast);
     free(r->ch);
     r->ch = NULL;
     r->ch_cap = 0;
@@ -137,15 +140,104 @@ msv_resp_doc(msv_resp_t *r, msv_doc_t *d)
 }
 
 
+/* What yajl said of the bytes it was given; 0, or -1 with r->bad set. */
+
+static int
+msv_resp_status(msv_resp_t *r, yajl_status st)
+{
+    unsigned char  *msg;
+
+    if (st == yajl_status_ok) {
+        return 0;
+    }
+    if (st == yajl_status_client_canceled) {
+        return msv_resp_fail(r, "%s%s", r->stream ? "event: " : "",
+                             r->doc.bad);
+    }
+    msg = yajl_get_error(r->yh, 0, NULL, 0);
+    msv_resp_fail(r, "invalid JSON: %s", msg ? (char *) msg : "(no message)");
+    if (msg) {
+        yajl_free_error(r->yh, msg);
+    }
+    return -1;
+}
+
+
+/* n bytes to yajl; mute: text that only puts yajl where fast.c got to,
+ * which the callbacks ignore.  0, or -1 with r->bad set. */
+
+static int
+msv_resp_parse(msv_resp_t *r, const char *p, size_t n, int mute)
+{
+    yajl_status  st;
+
+    if (n == 0) {
+        return 0;
+    }
+    r->doc.mute = mute;
+    st = yajl_parse(r->yh, (const unsigned char *) p, n);
+    r->doc.mute = 0;
+    if (!mute) {
+        r->fed += n;
+    }
+    return msv_resp_status(r, st);
+}
+
+
+static int
+msv_resp_flush(msv_resp_t *r)
+{
+    size_t  n = r->stage.n;
+
+    r->stage.n = 0;
+    return msv_resp_parse(r, r->stage.p, n, 0);
+}
+
+
+/* What the fast path said (kind: of the value it read); 0 or -1. */
+
+static int
+msv_resp_fast_said(msv_resp_t *r, int kind, int rc)
+{
+    msv_fast_t  *f = &r->fast;
+
+    switch (rc) {
+
+    case MSV_FAST_FAIL:
+        return msv_resp_fail(r, "%s%s", r->stream ? "event: " : "",
+                             r->doc.bad);
+
+    case MSV_FAST_DONE:
+        return msv_resp_parse(r, f->mute, strlen(f->mute), 1);
+
+    case MSV_FAST_BACK:
+        if (msv_resp_parse(r, f->mute, strlen(f->mute), 1) != 0) {
+            return -1;
+        }
+        if (kind == MSV_FAST_B64 && f->real.n > 0) {
+            msv_scan_in_string(&r->scan);   /* a string handed back */
+        }
+        if (f->real.n > 0) {
+            msv_bytes_add(&r->stage, f->real.p, f->real.n);
+        }
+        return 0;
+
+    default:
+        return 0;
+    }
+}
+
+
 /*
  * yajl lexes a token that a piece ends inside of again from its start
  * with the next piece, so a string of S bytes fed in pieces of C costs
- * about S * S / 2C: a packed mask's base64 arrays are single strings of
- * up to 22 MB (top_k 8192, 512 tokens), which in the pieces nginx sends
- * cost seconds of client CPU a response.  The bytes wait in r->stage
- * until they reach half of what the document has had, between
- * MSV_RESP_FEED_MIN and MSV_RESP_FEED_MAX: a few re-lexed megabytes
- * per long string at most, at most MSV_RESP_FEED_MAX held.
+ * about S * S / 2C.  The masks' values, the packed base64 arrays
+ * included, do not go to yajl (fast.c), but any other long string would:
+ * the bytes wait in r->stage until they reach half of what the document
+ * has had, between MSV_RESP_FEED_MIN and MSV_RESP_FEED_MAX: a few
+ * re-lexed megabytes per long string at most, at most MSV_RESP_FEED_MAX
+ * held.  They go at once where scan.c finds a value fast.c may read, so
+ * that yajl has parsed up to its key when check.c's frame is asked.
  */
 #define MSV_RESP_FEED_MIN  (64u << 10)
 #define MSV_RESP_FEED_MAX  (8u << 20)
@@ -153,9 +245,8 @@ msv_resp_doc(msv_resp_t *r, msv_doc_t *d)
 int
 msv_resp_json(msv_resp_t *r, const char *p, size_t n, int end)
 {
-    yajl_status     st;
-    unsigned char  *msg;
-    size_t          want;
+    size_t  want, k;
+    int     found, kind, rc;
 
     if (r->yh == NULL) {
         msv_doc_reset(&r->doc, &r->e);
@@ -166,11 +257,46 @@ msv_resp_json(msv_resp_t *r, const char *p, size_t n, int end)
         }
         r->stage.n = 0;
         r->fed = 0;
+        msv_scan_reset(&r->scan);
+        r->fast.kind = 0;
     }
 
-    if (n > 0) {
-        msv_bytes_add(&r->stage, p, n);
+    while (n > 0) {
+        if (r->fast.kind) {
+            kind = r->fast.kind;
+            rc = msv_fast_feed(&r->fast, &r->doc, p, n, &k);
+            p += k;
+            n -= k;
+            if (msv_resp_fast_said(r, kind, rc) != 0) {
+                return -1;
+            }
+            continue;
+        }
+
+        found = 0;
+        k = r->no_fast ? n : msv_scan(&r->scan, p, n, &found);
+        if (k > 0) {
+            msv_bytes_add(&r->stage, p, k);
+        }
+        p += k;
+        n -= k;
+        if (found) {
+            if (msv_resp_flush(r) != 0) {
+                return -1;
+            }
+            msv_fast_begin(&r->fast, &r->doc, p[0]);
+        }
     }
+
+    if (end && r->fast.kind) {
+        kind = r->fast.kind;
+        if (msv_resp_fast_said(r, kind, msv_fast_stop(&r->fast, &r->doc))
+            != 0)
+        {
+            return -1;
+        }
+    }
+
     want = r->fed / 2;
     want = want < MSV_RESP_FEED_MIN ? MSV_RESP_FEED_MIN
            : want > MSV_RESP_FEED_MAX ? MSV_RESP_FEED_MAX : want;
@@ -178,30 +304,15 @@ msv_resp_json(msv_resp_t *r, const char *p, size_t n, int end)
         return 0;
     }
 
-    p = r->stage.p;
-    n = r->stage.n;
-    st = n ? yajl_parse(r->yh, (const unsigned char *) p, n) : yajl_status_ok;
-    r->fed += n;
-    r->stage.n = 0;
-    if (st == yajl_status_ok && end) {
-        st = yajl_complete_parse(r->yh);
-    }
-
-    if (st == yajl_status_client_canceled) {
-        return msv_resp_fail(r, "%s%s", r->stream ? "event: " : "",
-                             r->doc.bad);
-    }
-    if (st != yajl_status_ok) {
-        msg = yajl_get_error(r->yh, 0, (const unsigned char *) p, n);
-        msv_resp_fail(r, "invalid JSON: %s",
-                      msg ? (char *) msg : "(no message)");
-        if (msg) {
-            yajl_free_error(r->yh, msg);
-        }
+    if (msv_resp_flush(r) != 0) {
         return -1;
     }
 
     if (end) {
+        rc = msv_resp_status(r, yajl_complete_parse(r->yh));
+        if (rc != 0) {
+            return -1;
+        }
         yajl_free(r->yh);
         r->yh = NULL;
         if (!r->doc.top_done) {

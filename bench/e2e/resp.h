@@ -21,6 +21,8 @@
 
 #include "array.h"
 #include "check.h"
+#include "fast.h"
+#include "scan.h"
 #include "sse.h"
 
 
@@ -43,17 +45,22 @@ struct msv_resp_s {
     int            ignore_eos;
     int            abort_ok;        /* finish_reason "abort" is valid */
     double       (*clock)(void);    /* stamps t_first; NULL: none */
+    int            no_fast;         /* every byte through yajl, none
+                                       through fast.c (tests compare) */
 
     double         t_first;         /* first event (or first byte) */
     msv_sse_t      sse;
 
     /* JSON of the body (non-streaming) or of the current event: its
      * bytes go to yajl in pieces of a size that grows with the document
-     * (msv_resp_json), held in stage until then */
+     * (msv_resp_json), held in stage until then, save the mask values
+     * that fast.c reads where scan.c finds them */
     yajl_handle    yh;
     msv_doc_t      doc;
     msv_bytes_t    stage;
     size_t         fed;             /* bytes of the document parsed */
+    msv_scan_t     scan;
+    msv_fast_t     fast;
 
     /* accumulated over the events, all choices */
     long           n_events;
