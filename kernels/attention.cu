@@ -739,6 +739,8 @@ attention_tile_kernel(struct msv_attn_args a, uint32_t S)
     /* the last tiles first: a run's later tiles walk more splits, so
      * the long blocks start in the first wave and the short ones fill the
      * tail */
+    msv_grid_wait();
+    msv_grid_release();
     tix = gridDim.x - 1 - blockIdx.x;
     t0 = (uint32_t) a.tiles[2 * tix];
     cnt = (uint32_t) a.tiles[2 * tix + 1];
@@ -1023,6 +1025,8 @@ attention_merge_kernel(struct msv_attn_args a, uint32_t S)
     const float  *p;
     float         M, L, A;
 
+    msv_grid_wait();
+    msv_grid_release();
     t = blockIdx.x;
     h = blockIdx.y;
     hd = a.head_dim;
@@ -1082,11 +1086,11 @@ msv_attn_parallel(const struct msv_attn_args *a, uint32_t S, uint32_t blocks,
 
 
 /* The parallel form's second kernel: each token's splits folded. */
-static void
+static cudaError_t
 msv_attn_merge(const struct msv_attn_args *a, uint32_t S, cudaStream_t stream)
 {
-    attention_merge_kernel<<<dim3(a->n_tokens, a->n_heads),
-                             a->head_dim < 128 ? 64 : 128, 0, stream>>>(*a, S);
+    return msv_launch(attention_merge_kernel, dim3(a->n_tokens, a->n_heads),
+                      dim3(a->head_dim < 128 ? 64 : 128), 0, stream, *a, S);
 }
 
 
@@ -1153,13 +1157,15 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     uint32_t                  qa[HD / 16][4], pa[4], fr[4], t, kvh, ng, h0,
                               lane, r, q, nkeys, ns, s, pg, npg, pe, pend,
                               pbase,
-                              key0, nk, d, c, row, col, i, ks, nt, hr;
+                              key0, nk, d, c, row, i, ks, nt, hr;
     int                       three;
     int32_t                   poff, pid;
     float                     sc[2][4], o[HD / 8][4], A[HD / 4], x[4], hi,
                               lo, v[4], mx, mn, f, l, mr, lr, mt, lt, fa, fb;
     size_t                    wp;
 
+    msv_grid_wait();
+    msv_grid_release();
     t = a.rest != NULL ? (uint32_t) a.rest[blockIdx.x] : blockIdx.x;
     kvh = blockIdx.y;
     ng = a.n_heads / a.n_kv_heads;
@@ -1177,8 +1183,23 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     sm = (__nv_bfloat16 *) smw;
     poff = a.kv.page_off[a.kv.tok_seq[t]];
 
+    /* a page's K (and V) rows are 16-byte words, HD / 8 a row: lane l
+     * copies word l % (HD / 8) of rows l / (HD / 8) + FROWS c, c <
+     * FPASS, so every address is the lane's first plus a constant (a
+     * loop from the lane's word index, trip count unknown to the
+     * compiler, spent about 12 instructions a copy) */
+    const uint32_t  FROWS = 32 / (HD / 8);
+    const uint32_t  FPASS = MSV_KV_BLOCK / FROWS;
+    static_assert(HD % 8 == 0 && 32 % (HD / 8) == 0
+                  && MSV_KV_BLOCK % (32 / (HD / 8)) == 0,
+                  "a page's words in whole passes of the warp");
+    const uint32_t  frow = lane / (HD / 8);
+    const uint32_t  fcol = (lane % (HD / 8)) * 8;
+
     /* page PG (of the token's pages) into stage STAGE; one group a call,
-     * empty past the block's last page */
+     * empty past the block's last page; the words of rows past the
+     * sequence are zero-filled (no bytes read; the address stays inside
+     * the page) */
 #define MSV_ATTN_WALK_FETCH(PG, STAGE)                                       \
     do {                                                                     \
         uint32_t  k0_ = (PG) * MSV_KV_BLOCK;                                 \
@@ -1199,14 +1220,16 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
                 (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
             const __nv_bfloat16  *vg_ =                                      \
                 (const __nv_bfloat16 *) a.kv.v_cache + b_;                   \
-            for (c = lane; c < MSV_KV_BLOCK * HD / 8; c += 32) {             \
-                row = c / (HD / 8);                                          \
-                col = (c % (HD / 8)) * 8;                                    \
-                msv_cp_async16(kt_ + row * RS + col,                         \
-                               kg_ + (row < nk_ ? row : 0) * HD + col,       \
+            kt_ += frow * RS + fcol;                                         \
+            vt_ += frow * RS + fcol;                                         \
+            kg_ += frow * HD + fcol;                                         \
+            vg_ += frow * HD + fcol;                                         \
+            _Pragma("unroll")                                                \
+            for (c = 0; c < FPASS; c++) {                                    \
+                row = frow + c * FROWS;                                      \
+                msv_cp_async16(kt_ + c * FROWS * RS, kg_ + c * FROWS * HD,   \
                                row < nk_ ? 16u : 0u);                        \
-                msv_cp_async16(vt_ + row * RS + col,                         \
-                               vg_ + (row < nk_ ? row : 0) * HD + col,       \
+                msv_cp_async16(vt_ + c * FROWS * RS, vg_ + c * FROWS * HD,   \
                                row < nk_ ? 16u : 0u);                        \
             }                                                                \
         }                                                                    \
@@ -1341,12 +1364,16 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
              * always a key: mx is finite) */
             mn = fmaxf(mr, mx);
             f = expf(mr - mn);         /* mr = -inf at first: f = 0 */
+            /* where no row's max moved, f is 1 in every lane and the
+             * products would change no bit: skipped */
+            if (__any_sync(0xffffffffu, mn != mr)) {
 #pragma unroll
-            for (nt = 0; nt < HD / 8; nt++) {
-                o[nt][0] *= f;
-                o[nt][1] *= f;
-                o[nt][2] *= f;
-                o[nt][3] *= f;
+                for (nt = 0; nt < HD / 8; nt++) {
+                    o[nt][0] *= f;
+                    o[nt][1] *= f;
+                    o[nt][2] *= f;
+                    o[nt][3] *= f;
+                }
             }
 #pragma unroll
             for (i = 0; i < 4; i++) {
@@ -1434,8 +1461,9 @@ msv_attn_hd_index(uint32_t head_dim)
     return head_dim == 16 ? 0 : head_dim == 32 ? 1 : head_dim == 64 ? 2 : 3;
 }
 
-/* kern<<<grid, threads, smem>>>(*a, S), its dynamic shared memory limit
- * raised to smem at the first launch (*ready). */
+/* kern<<<grid, threads, smem>>>(*a, S) by msv_launch (the kernel calls
+ * msv_grid_wait first), its dynamic shared memory limit raised to smem at
+ * the first launch (*ready). */
 static cudaError_t
 msv_attn_launch(msv_attn_kernel_t kern, int *ready, dim3 grid,
     unsigned threads, size_t smem, const struct msv_attn_args *a,
@@ -1452,8 +1480,7 @@ msv_attn_launch(msv_attn_kernel_t kern, int *ready, dim3 grid,
         }
         *ready = 1;
     }
-    kern<<<grid, threads, smem, stream>>>(*a, S);
-    return cudaGetLastError();
+    return msv_launch(kern, grid, dim3(threads), smem, stream, *a, S);
 }
 
 
@@ -1743,8 +1770,9 @@ attention_forward(const struct msv_attn_args *a, cudaStream_t stream)
     }
 #undef MSV_ATTN_VEC
 
-    if (parallel) {
-        msv_attn_merge(a, S, stream);
+    e = cudaGetLastError();
+    if (e == cudaSuccess && parallel) {
+        e = msv_attn_merge(a, S, stream);
     }
-    return cudaGetLastError();
+    return e;
 }

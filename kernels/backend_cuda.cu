@@ -120,6 +120,9 @@ struct msv_backend {
     int                       attn_stages; /* 0 (by the grid), 2, 3, 4 */
     int                       tiled;   /* prefill runs by the tiled
                                           attention (not when invariant) */
+    int                       gu_bf16; /* gate/up product written bf16
+                                          (bf16 precision, cuBLAS sizes) */
+    int                       pdl;     /* programmatic launches allowed */
     cudaStream_t              stream;
     cublasHandle_t            cublas;
 
@@ -1195,6 +1198,19 @@ msv_cuda_create(const struct msv_model_config *cfg,
     mode = getenv("MSV_CUDA_GRAPHS");
     b->use_graphs = !(mode != NULL && strcmp(mode, "0") == 0);
 
+    /* MSV_CUDA_PDL=0: every kernel launched plainly, none starting
+     * before the one ahead of it has finished (cuda_common.cuh); else
+     * programmatic launches in batches whose products all take the GEMV
+     * (msv_cuda_pdl_for) */
+    mode = getenv("MSV_CUDA_PDL");
+    b->pdl = !b->invariant && !(mode != NULL && strcmp(mode, "0") == 0);
+
+    /* MSV_CUDA_GU_BF16=0: the gate/up product stays fp32 in the bf16
+     * precision too (the side-by-side reference of the bf16 product) */
+    mode = getenv("MSV_CUDA_GU_BF16");
+    b->gu_bf16 = !b->split && !b->invariant
+                 && !(mode != NULL && strcmp(mode, "0") == 0);
+
     /* MSV_CUDA_TILED=0: prefill runs by the per-token attention too (the
      * side-by-side reference for the tiled kernel) */
     mode = getenv("MSV_CUDA_TILED");
@@ -1401,6 +1417,21 @@ struct msv_cuda_plan {
 };
 
 
+/*
+ * Programmatic launches (msv_cuda_pdl) for a pass over n rows: only where
+ * every product takes the GEMV, whose weight loads are what overlaps the
+ * kernel ahead.  Among cuBLAS products our kernels, started early, held
+ * SM slots the products' blocks needed: batch 64 ran 6.35 ms a step
+ * against 5.85 with plain launches (batch 1: 4.58 against 4.67,
+ * bench/results/engine.md).
+ */
+static void
+msv_cuda_pdl_for(struct msv_backend *b, uint32_t n)
+{
+    msv_cuda_pdl = b->pdl && n <= MSV_GEMV_MAX;
+}
+
+
 /* One transformer layer over the batch's n tokens. */
 static int
 msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
@@ -1412,7 +1443,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     struct msv_qkv_args             qa;
     struct msv_attn_args            aa;
     size_t                          kv_bytes;
-    int                             f;
+    int                             f, gu_dtype;
 
     kv_bytes = (size_t) b->n_pages_alloc * b->page_elems
                * (b->kv_bf16 ? 2 : 4);
@@ -1494,16 +1525,26 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_NORM);
-    if (linear_forward(b->cublas, b->pin, &L->gate_up, b->act, f, n, b->gu, 0,
-                       b->tmp, b->stream, err, errlen) != 0)
+    /* bf16 precision: the product is written bf16 (half the bytes
+     * written and read again by SiLU·up), except where the GEMV takes
+     * the batch (its sums stay fp32) */
+    gu_dtype = b->gu_bf16 && f == MSV_ACT_BF16
+               && L->gate_up.dtype == MSV_BF16
+               && !gemv_usable(&L->gate_up, f, n, 0)
+               ? MSV_BF16 : MSV_F32;
+    if (gu_dtype == MSV_BF16
+        ? linear_forward_bf16(b->cublas, &L->gate_up, b->act, n, b->gu,
+                              err, errlen) != 0
+        : linear_forward(b->cublas, b->pin, &L->gate_up, b->act, f, n, b->gu,
+                         0, b->tmp, b->stream, err, errlen) != 0)
     {
         return -1;
     }
     msv_cuda_mark(b, MSV_TM_GEMM);
 
     f = msv_act_fmt_for(&L->down, b->split);
-    MSV_CUDA_TRY(silu_mul_forward(b->act, f, b->gu, n, c->intermediate,
-                                  b->stream), err, errlen);
+    MSV_CUDA_TRY(silu_mul_forward(b->act, f, b->gu, gu_dtype, n,
+                                  c->intermediate, b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_SILU);
     if (linear_forward(b->cublas, b->pin, &L->down, b->act, f, n, b->x, 1,
                        b->tmp, b->stream, err, errlen) != 0)
@@ -1539,6 +1580,7 @@ msv_cuda_body(struct msv_backend *b, uint32_t n, uint32_t cap,
     map.v_cache = NULL;
     map.kv_bf16 = b->kv_bf16;
 
+    msv_cuda_pdl_for(b, n);
     MSV_CUDA_TRY(embed_forward(b->x, b->embed, b->embed_dtype, b->meta_d, n,
                                c->hidden, b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_EMBED);
@@ -1562,6 +1604,7 @@ msv_cuda_head(struct msv_backend *b, uint32_t cap, uint32_t r0, uint32_t rc,
     const struct msv_model_config  *c = &b->cfg;
     int                             f;
 
+    msv_cuda_pdl_for(b, rc);
     f = msv_act_fmt_for(&b->lm_head, b->split);
     MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, b->meta_d + 4 * (size_t) cap
                                  + r0, b->final_norm, rc, c->hidden,

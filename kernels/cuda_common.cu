@@ -1,11 +1,14 @@
 /*
- * cuda_common.cu: error messages for failed CUDA and cuBLAS calls.
+ * cuda_common.cu: error messages for failed CUDA and cuBLAS calls; the
+ * programmatic-launch switch (cuda_common.cuh).
  */
 
 #include <stdio.h>
 #include <string.h>
 
 #include "cuda_common.cuh"
+
+int  msv_cuda_pdl;
 
 static const char *
 msv_base_name(const char *file)

@@ -36,29 +36,62 @@ embed_kernel(float *out, const void *table, int dtype, const int32_t *tokens,
     }
 }
 
+/* gate and up values of the product as fp32: one, or four at once (p a
+ * multiple of 4 elements from an aligned base) */
+static __device__ __forceinline__ float
+msv_gu_at(const float *p, size_t i)
+{
+    return p[i];
+}
+
+static __device__ __forceinline__ float
+msv_gu_at(const __nv_bfloat16 *p, size_t i)
+{
+    return __bfloat162float(p[i]);
+}
+
+static __device__ __forceinline__ float4
+msv_gu4(const float *p)
+{
+    return *(const float4 *) p;
+}
+
+static __device__ __forceinline__ float4
+msv_gu4(const __nv_bfloat16 *p)
+{
+    uint2   w = *(const uint2 *) p;
+    float2  a = __bfloat1622float2(*(const __nv_bfloat162 *) &w.x);
+    float2  b = __bfloat1622float2(*(const __nv_bfloat162 *) &w.y);
+
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <typename T>
 static __global__ void
-silu_mul_kernel(void *out, int fmt, const float *gu, uint32_t n_rows,
-    uint32_t n)
+silu_mul_kernel(void *out, int fmt, const T *gu, uint32_t n_rows, uint32_t n)
 {
     size_t  i, total, r, c;
     float   g, u;
 
+    msv_grid_wait();
+    msv_grid_release();
     total = (size_t) n_rows * n;
     for (i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (size_t) gridDim.x * blockDim.x)
     {
         r = i / n;
         c = i % n;
-        g = gu[r * 2 * n + c];
-        u = gu[r * 2 * n + n + c];
+        g = msv_gu_at(gu, r * 2 * n + c);
+        u = msv_gu_at(gu, r * 2 * n + n + c);
         msv_store_act(out, fmt, n_rows, r, n, c, g / (1.0f + expf(-g)) * u);
     }
 }
 
-/* n % 4 == 0: one thread per 4 columns of a row, float4 loads, no
+/* n % 4 == 0: one thread per 4 columns of a row, four values a load, no
  * index division (the row is blockIdx.y). */
+template <typename T>
 static __global__ void
-silu_mul4_kernel(void *out, int fmt, const float *gu, uint32_t n_rows,
+silu_mul4_kernel(void *out, int fmt, const T *gu, uint32_t n_rows,
     uint32_t n)
 {
     size_t           r, c;
@@ -66,13 +99,15 @@ silu_mul4_kernel(void *out, int fmt, const float *gu, uint32_t n_rows,
     float            y[4];
     __nv_bfloat162   b[2];
 
+    msv_grid_wait();
+    msv_grid_release();
     r = blockIdx.y;
     c = 4 * ((size_t) blockIdx.x * blockDim.x + threadIdx.x);
     if (c >= n) {
         return;
     }
-    g = *(const float4 *) (gu + r * 2 * n + c);
-    u = *(const float4 *) (gu + r * 2 * n + n + c);
+    g = msv_gu4(gu + r * 2 * n + c);
+    u = msv_gu4(gu + r * 2 * n + n + c);
     y[0] = g.x / (1.0f + expf(-g.x)) * u.x;
     y[1] = g.y / (1.0f + expf(-g.y)) * u.y;
     y[2] = g.z / (1.0f + expf(-g.z)) * u.z;
@@ -133,24 +168,37 @@ embed_forward(float *out, const void *table, int dtype, const int32_t *tokens,
     return cudaGetLastError();
 }
 
-cudaError_t
-silu_mul_forward(void *out, int fmt, const float *gu, uint32_t n_rows,
-    uint32_t n, cudaStream_t stream)
+template <typename T>
+static cudaError_t
+msv_silu_mul(void *out, int fmt, const T *gu, uint32_t n_rows, uint32_t n,
+    cudaStream_t stream)
 {
     size_t  total = (size_t) n_rows * n;
 
-    if (total == 0) {
+    if (n % 4 == 0 && n_rows <= 65535 && (uintptr_t) gu % 16 == 0) {
+        return msv_launch(silu_mul4_kernel<T>,
+                          dim3(MSV_CEIL_DIV(n / 4, (uint32_t) MSV_EW_THREADS),
+                               n_rows),
+                          dim3(MSV_EW_THREADS), 0, stream, out, fmt, gu,
+                          n_rows, n);
+    }
+    return msv_launch(silu_mul_kernel<T>, dim3(msv_ew_blocks(total)),
+                      dim3(MSV_EW_THREADS), 0, stream, out, fmt, gu, n_rows,
+                      n);
+}
+
+cudaError_t
+silu_mul_forward(void *out, int fmt, const void *gu, int gu_dtype,
+    uint32_t n_rows, uint32_t n, cudaStream_t stream)
+{
+    if ((size_t) n_rows * n == 0) {
         return cudaSuccess;
     }
-    if (n % 4 == 0 && n_rows <= 65535) {
-        silu_mul4_kernel<<<dim3(MSV_CEIL_DIV(n / 4, (uint32_t) MSV_EW_THREADS),
-                                n_rows), MSV_EW_THREADS, 0, stream>>>(out,
-            fmt, gu, n_rows, n);
-        return cudaGetLastError();
+    if (gu_dtype == MSV_BF16) {
+        return msv_silu_mul(out, fmt, (const __nv_bfloat16 *) gu, n_rows, n,
+                            stream);
     }
-    silu_mul_kernel<<<msv_ew_blocks(total), MSV_EW_THREADS, 0, stream>>>(out,
-        fmt, gu, n_rows, n);
-    return cudaGetLastError();
+    return msv_silu_mul(out, fmt, (const float *) gu, n_rows, n, stream);
 }
 
 cudaError_t

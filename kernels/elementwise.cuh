@@ -15,10 +15,11 @@ cudaError_t embed_forward(float *out, const void *table, int dtype,
     const int32_t *tokens, uint32_t n_tokens, uint32_t n,
     cudaStream_t stream);
 
-/* gu is [n_rows][2 n]: gate in columns [0, n), up in [n, 2 n).  Writes
- * silu(gate) * up as the [n_rows][n] activation matrix out (fmt). */
-cudaError_t silu_mul_forward(void *out, int fmt, const float *gu,
-    uint32_t n_rows, uint32_t n, cudaStream_t stream);
+/* gu is [n_rows][2 n], fp32 (gu_dtype MSV_F32) or bf16 (MSV_BF16): gate
+ * in columns [0, n), up in [n, 2 n).  Writes silu(gate) * up as the
+ * [n_rows][n] activation matrix out (fmt). */
+cudaError_t silu_mul_forward(void *out, int fmt, const void *gu,
+    int gu_dtype, uint32_t n_rows, uint32_t n, cudaStream_t stream);
 
 /* Writes the fp32 [n_rows][n] matrix x as activation matrix out (fmt). */
 cudaError_t to_act_forward(void *out, int fmt, const float *x,

@@ -25,6 +25,24 @@
  * Decode at small batch reads every weight once at near copy speed,
  * which cuBLAS does not at M = 1.
  */
+/* The weight words of the round from word k of each of the warp's rows:
+ * k + 32 i, i < MSV_GEMV_UNROLL, zero past the row's nw words. */
+static __device__ __forceinline__ void
+msv_gemv_words(uint4 wv[MSV_GEMV_UNROLL][MSV_GEMV_ROWS],
+    const uint4 *const wr[MSV_GEMV_ROWS], uint32_t k, uint32_t nw)
+{
+    int  i, q;
+
+#pragma unroll
+    for (i = 0; i < MSV_GEMV_UNROLL; i++) {
+#pragma unroll
+        for (q = 0; q < MSV_GEMV_ROWS; q++) {
+            wv[i][q] = k + 32 * i < nw ? __ldcs(wr[q] + k + 32 * i)
+                                       : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
 template <int M>
 static __global__ void __launch_bounds__(MSV_GEMV_WARPS * 32)
 gemv_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *act,
@@ -57,15 +75,17 @@ gemv_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *act,
         xr[m] = (const uint4 *) (act + (size_t) m * cols);
     }
 
+    /* the first round's weight words are requested before waiting for
+     * the kernel that writes act (msv_grid_wait): under a programmatic
+     * launch they load while that kernel finishes */
+    msv_gemv_words(wv, wr, lane, nw);
+    msv_grid_wait();
+    msv_grid_release();
+
     for (k = lane; k < nw; k += 32 * MSV_GEMV_UNROLL) {
         /* every weight word of this round first: loads in flight */
-#pragma unroll
-        for (i = 0; i < MSV_GEMV_UNROLL; i++) {
-#pragma unroll
-            for (q = 0; q < MSV_GEMV_ROWS; q++) {
-                wv[i][q] = k + 32 * i < nw ? __ldcs(wr[q] + k + 32 * i)
-                                           : make_uint4(0, 0, 0, 0);
-            }
+        if (k != lane) {
+            msv_gemv_words(wv, wr, k, nw);
         }
 #pragma unroll
         for (i = 0; i < MSV_GEMV_UNROLL; i++) {
@@ -136,9 +156,9 @@ gemv_forward(const struct msv_dmat *w, const void *act, uint32_t n,
     switch (n) {
 #define MSV_GEMV_CASE(M)                                                     \
     case M:                                                                  \
-        gemv_kernel<M><<<blocks, MSV_GEMV_WARPS * 32, 0, stream>>>(wp, x,    \
-            w->rows, w->cols, out, accumulate);                              \
-        break
+        return msv_launch(gemv_kernel<M>, dim3(blocks),                     \
+                          dim3(MSV_GEMV_WARPS * 32), 0, stream, wp, x,       \
+                          w->rows, w->cols, out, accumulate)
     MSV_GEMV_CASE(1);
     MSV_GEMV_CASE(2);
     MSV_GEMV_CASE(3);
@@ -151,7 +171,6 @@ gemv_forward(const struct msv_dmat *w, const void *act, uint32_t n,
     default:
         return cudaErrorInvalidValue;
     }
-    return cudaGetLastError();
 }
 
 
@@ -824,5 +843,30 @@ linear_forward(cublasHandle_t cublas, const struct msv_gemm_inv *inv,
         MSV_CUDA_TRY(split_sum_forward(out, tmp, n, w->rows, accumulate,
                                        stream), err, errlen);
     }
+    return 0;
+}
+
+
+int
+linear_forward_bf16(cublasHandle_t cublas, const struct msv_dmat *w,
+    const void *act, uint32_t n, void *out, char *err, size_t errlen)
+{
+    const float  one = 1.0f, zero = 0.0f;
+
+    if (n == 0) {
+        return 0;
+    }
+    if (w->dtype != MSV_BF16) {
+        snprintf(err, errlen, "cublas: a bf16 product of %u x %u fp32 "
+                 "weights", w->rows, w->cols);
+        return -1;
+    }
+    MSV_CUBLAS_TRY(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N,
+                                (int) w->rows, (int) n, (int) w->cols,
+                                &one, w->p, CUDA_R_16BF, (int) w->cols,
+                                act, CUDA_R_16BF, (int) w->cols,
+                                &zero, out, CUDA_R_16BF, (int) w->rows,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   err, errlen);
     return 0;
 }

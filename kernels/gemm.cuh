@@ -112,4 +112,14 @@ int linear_forward(cublasHandle_t cublas, const struct msv_gemm_inv *inv,
     float *out, int accumulate, float *tmp, cudaStream_t stream, char *err,
     size_t errlen);
 
+/*
+ * out [n][w->rows] = act . w^T written as bf16 (the fp32 sums rounded
+ * once), bf16 weights and act (MSV_ACT_BF16), no accumulation: the
+ * default path's product (cublasGemmEx) for a batch that takes neither
+ * the GEMV (gemv_usable) nor the batch-invariant path.  0, or -1 with
+ * err set.
+ */
+int linear_forward_bf16(cublasHandle_t cublas, const struct msv_dmat *w,
+    const void *act, uint32_t n, void *out, char *err, size_t errlen);
+
 #endif /* MSV_GEMM_CUH */

@@ -14,6 +14,7 @@
 #include "rope.cuh"
 #include "attention.cuh"
 #include "gemm.cuh"
+#include "elementwise.cuh"
 #include "model.h"
 
 static_assert(MSV_CHECK_F32 == MSV_ACT_F32
@@ -154,14 +155,50 @@ msv_check_cache_get(float *host, const void *dev, size_t n, int bf16,
 }
 
 
+/* The [total] activation matrix at dev (format fmt) as fp32: BF16
+ * widened, BF16X2 as hi + lo. */
+static int
+msv_check_act_get(float *out, const void *dev, int fmt, size_t total,
+    char *err, size_t errlen)
+{
+    uint16_t  *h;
+    size_t     i;
+
+    if (fmt == MSV_ACT_F32) {
+        MSV_CUDA_TRY(cudaMemcpy(out, dev, total * sizeof(float),
+                                cudaMemcpyDeviceToHost), err, errlen);
+        return 0;
+    }
+    h = (uint16_t *) malloc((total > 0 ? total : 1) * 2 * sizeof(uint16_t));
+    if (h == NULL) {
+        snprintf(err, errlen, "kernel check: out of host memory");
+        return -1;
+    }
+    if (cudaMemcpy(h, dev, total * (fmt == MSV_ACT_BF16X2 ? 4 : 2),
+                   cudaMemcpyDeviceToHost) != cudaSuccess)
+    {
+        free(h);
+        return msv_cuda_fail(err, errlen, "cudaMemcpy", __FILE__, __LINE__,
+                             cudaGetLastError());
+    }
+    for (i = 0; i < total; i++) {
+        out[i] = msv_check_bf16(h[i]);
+        if (fmt == MSV_ACT_BF16X2) {
+            out[i] += msv_check_bf16(h[total + i]);
+        }
+    }
+    free(h);
+    return 0;
+}
+
+
 static int
 msv_check_rmsnorm(struct msv_check_bufs *bufs, float *out, int fmt,
     const float *x, uint32_t n_in_rows, const int32_t *rows, const float *w,
     uint32_t n_rows, uint32_t n, float eps, char *err, size_t errlen)
 {
-    void      *dx, *drows, *dw, *dout;
-    uint16_t  *h;
-    size_t     total, i;
+    void    *dx, *drows, *dw, *dout;
+    size_t   total;
 
     total = (size_t) n_rows * n;
     drows = NULL;
@@ -181,33 +218,7 @@ msv_check_rmsnorm(struct msv_check_bufs *bufs, float *out, int fmt,
                                  (const float *) dw, n_rows, n, eps, 0),
                  err, errlen);
     MSV_CUDA_TRY(cudaDeviceSynchronize(), err, errlen);
-
-    if (fmt == MSV_ACT_F32) {
-        MSV_CUDA_TRY(cudaMemcpy(out, dout, total * sizeof(float),
-                                cudaMemcpyDeviceToHost), err, errlen);
-        return 0;
-    }
-
-    h = (uint16_t *) malloc(total * 2 * sizeof(uint16_t));
-    if (h == NULL) {
-        snprintf(err, errlen, "kernel check: out of host memory");
-        return -1;
-    }
-    if (cudaMemcpy(h, dout, total * (fmt == MSV_ACT_BF16X2 ? 4 : 2),
-                   cudaMemcpyDeviceToHost) != cudaSuccess)
-    {
-        free(h);
-        return msv_cuda_fail(err, errlen, "cudaMemcpy", __FILE__, __LINE__,
-                             cudaGetLastError());
-    }
-    for (i = 0; i < total; i++) {
-        out[i] = msv_check_bf16(h[i]);
-        if (fmt == MSV_ACT_BF16X2) {
-            out[i] += msv_check_bf16(h[total + i]);
-        }
-    }
-    free(h);
-    return 0;
+    return msv_check_act_get(out, dout, fmt, total, err, errlen);
 }
 
 
@@ -500,6 +511,112 @@ msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
     bufs.n = 0;
     rc = msv_check_gemv(&bufs, out, w, act, rows, cols, n, accumulate, err,
                         errlen);
+    msv_check_free(&bufs);
+    return rc;
+}
+
+
+static int
+msv_check_silu_mul(struct msv_check_bufs *bufs, float *out, int fmt,
+    const float *gu, int gu_bf16, uint32_t n_rows, uint32_t n, char *err,
+    size_t errlen)
+{
+    void      *dgu, *dout;
+    uint16_t  *h;
+    size_t     total, i;
+    int        rc;
+
+    total = (size_t) n_rows * n;
+    h = (uint16_t *) malloc((total > 0 ? 2 * total : 1) * sizeof(uint16_t));
+    if (h == NULL) {
+        snprintf(err, errlen, "kernel check: out of host memory");
+        return -1;
+    }
+    for (i = 0; gu_bf16 && i < 2 * total; i++) {
+        h[i] = msv_check_to_bf16(gu[i]);
+    }
+    rc = gu_bf16 ? msv_check_put(bufs, &dgu, h, 2 * total * 2, err, errlen)
+                 : msv_check_put(bufs, &dgu, gu, 2 * total * sizeof(float),
+                                 err, errlen);
+    free(h);
+    if (rc != 0
+        || msv_check_put(bufs, &dout, NULL, total * 4, err, errlen) != 0)
+    {
+        return -1;
+    }
+    MSV_CUDA_TRY(silu_mul_forward(dout, fmt, dgu,
+                                  gu_bf16 ? MSV_BF16 : MSV_F32, n_rows, n, 0),
+                 err, errlen);
+    MSV_CUDA_TRY(cudaDeviceSynchronize(), err, errlen);
+    return msv_check_act_get(out, dout, fmt, total, err, errlen);
+}
+
+
+extern "C" int
+msv_cuda_run_silu_mul(float *out, int fmt, const float *gu, int gu_bf16,
+    uint32_t n_rows, uint32_t n, char *err, size_t errlen)
+{
+    struct msv_check_bufs  bufs;
+    int                    rc;
+
+    bufs.n = 0;
+    rc = msv_check_silu_mul(&bufs, out, fmt, gu, gu_bf16, n_rows, n, err,
+                            errlen);
+    msv_check_free(&bufs);
+    return rc;
+}
+
+
+static int
+msv_check_linear_bf16(struct msv_check_bufs *bufs, uint16_t *out,
+    const uint16_t *w, const uint16_t *act, uint32_t rows, uint32_t cols,
+    uint32_t n, char *err, size_t errlen)
+{
+    struct msv_dmat  m;
+    cublasHandle_t   h;
+    void            *dw, *dx, *dout;
+    int              rc;
+
+    if (msv_check_put(bufs, &dw, w, (size_t) rows * cols * 2, err, errlen)
+        != 0
+        || msv_check_put(bufs, &dx, act, (size_t) n * cols * 2, err, errlen)
+           != 0
+        || msv_check_put(bufs, &dout, NULL, (size_t) n * rows * 2, err,
+                         errlen) != 0)
+    {
+        return -1;
+    }
+    m.p = dw;
+    m.dtype = MSV_BF16;
+    m.rows = rows;
+    m.cols = cols;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "kernel check: cublasCreate failed");
+        return -1;
+    }
+    rc = linear_forward_bf16(h, &m, dx, n, dout, err, errlen);
+    cublasDestroy(h);
+    if (rc != 0) {
+        return -1;
+    }
+    MSV_CUDA_TRY(cudaDeviceSynchronize(), err, errlen);
+    MSV_CUDA_TRY(cudaMemcpy(out, dout, (size_t) n * rows * 2,
+                            cudaMemcpyDeviceToHost), err, errlen);
+    return 0;
+}
+
+
+extern "C" int
+msv_cuda_run_linear_bf16(uint16_t *out, const uint16_t *w,
+    const uint16_t *act, uint32_t rows, uint32_t cols, uint32_t n, char *err,
+    size_t errlen)
+{
+    struct msv_check_bufs  bufs;
+    int                    rc;
+
+    bufs.n = 0;
+    rc = msv_check_linear_bf16(&bufs, out, w, act, rows, cols, n, err,
+                               errlen);
     msv_check_free(&bufs);
     return rc;
 }

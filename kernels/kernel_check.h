@@ -81,6 +81,18 @@ int msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
     uint32_t rows, uint32_t cols, uint32_t n, int accumulate, char *err,
     size_t errlen);
 
+/* out [n_rows][n] = silu(gate) * up as format fmt, read back as fp32
+ * (BF16X2 as hi + lo); gu [n_rows][2 n] (gate, then up), uploaded as
+ * bf16 (rounded) when gu_bf16, else fp32. */
+int msv_cuda_run_silu_mul(float *out, int fmt, const float *gu,
+    int gu_bf16, uint32_t n_rows, uint32_t n, char *err, size_t errlen);
+
+/* out [n][rows] = act [n][cols] . w[rows][cols]^T written as bf16 bits
+ * (linear_forward_bf16: the bf16 gate/up product), bf16 w and act. */
+int msv_cuda_run_linear_bf16(uint16_t *out, const uint16_t *w,
+    const uint16_t *act, uint32_t rows, uint32_t cols, uint32_t n,
+    char *err, size_t errlen);
+
 /*
  * Batch-invariant products: one cuBLASLt algorithm pinned for the shape
  * (gemm_inv_pin), then linear_forward with it for each of n_runs

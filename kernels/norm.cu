@@ -16,6 +16,8 @@ rmsnorm_kernel(void *out, int fmt, const float *x, const int32_t *rows,
     uint32_t          r, i;
     float             ss, scale, v;
 
+    msv_grid_wait();
+    msv_grid_release();
     r = blockIdx.x;
     xr = x + (size_t) (rows != NULL ? (uint32_t) rows[r] : r) * n;
 
@@ -46,22 +48,35 @@ rmsnorm_vec_kernel(void *out, int fmt, const float *x, const int32_t *rows,
 {
     __shared__ float  red[33];
     const float4     *xr, *wr;
-    float4            v[NV], g;
+    float4            v[NV], g[NV];
     uint32_t          r, c, n4;
     float             ss, scale, y[4];
     int               i, j;
 
     r = blockIdx.x;
     n4 = n / 4;
-    xr = (const float4 *) (x + (size_t) (rows != NULL ? (uint32_t) rows[r]
-                                                      : r) * n);
     wr = (const float4 *) w;
 
+    /* the weights are loaded before the row, not after the sum: their
+     * latency overlaps the row's (and, under a programmatic launch, the
+     * end of the kernel that writes x: msv_grid_wait) */
+#pragma unroll
+    for (i = 0; i < NV; i++) {
+        c = threadIdx.x + i * MSV_NORM_THREADS;
+        g[i] = c < n4 ? __ldg(wr + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    msv_grid_wait();
+    msv_grid_release();
+    xr = (const float4 *) (x + (size_t) (rows != NULL ? (uint32_t) rows[r]
+                                                      : r) * n);
     ss = 0.0f;
 #pragma unroll
     for (i = 0; i < NV; i++) {
         c = threadIdx.x + i * MSV_NORM_THREADS;
         v[i] = c < n4 ? xr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (i = 0; i < NV; i++) {
         ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z
               + v[i].w * v[i].w;
     }
@@ -75,11 +90,10 @@ rmsnorm_vec_kernel(void *out, int fmt, const float *x, const int32_t *rows,
         if (c >= n4) {
             continue;
         }
-        g = wr[c];
-        y[0] = g.x * (v[i].x * scale);
-        y[1] = g.y * (v[i].y * scale);
-        y[2] = g.z * (v[i].z * scale);
-        y[3] = g.w * (v[i].w * scale);
+        y[0] = g[i].x * (v[i].x * scale);
+        y[1] = g[i].y * (v[i].y * scale);
+        y[2] = g[i].z * (v[i].z * scale);
+        y[3] = g[i].w * (v[i].w * scale);
         if (fmt == MSV_ACT_F32) {
             ((float4 *) out)[(size_t) r * n4 + c] =
                 make_float4(y[0], y[1], y[2], y[3]);
@@ -103,7 +117,8 @@ rmsnorm_forward(void *out, int fmt, const float *x, const int32_t *rows,
     const float *w, uint32_t n_rows, uint32_t n, float eps,
     cudaStream_t stream)
 {
-    uint32_t  nv;
+    cudaError_t  e;
+    uint32_t     nv;
 
     if (n_rows == 0) {
         return cudaSuccess;
@@ -113,14 +128,15 @@ rmsnorm_forward(void *out, int fmt, const float *x, const int32_t *rows,
     if (n % 4 != 0 || nv > MSV_NORM_VEC_MAX
         || ((uintptr_t) x | (uintptr_t) w | (uintptr_t) out) % 16 != 0)
     {
-        rmsnorm_kernel<<<n_rows, MSV_NORM_THREADS, 0, stream>>>(out, fmt, x,
-            rows, w, n_rows, n, eps);
-        return cudaGetLastError();
+        return msv_launch(rmsnorm_kernel, dim3(n_rows),
+                          dim3(MSV_NORM_THREADS), 0, stream, out, fmt, x,
+                          rows, w, n_rows, n, eps);
     }
 
 #define MSV_NORM_VEC(NV)                                                     \
-    rmsnorm_vec_kernel<NV><<<n_rows, MSV_NORM_THREADS, 0, stream>>>(out,     \
-        fmt, x, rows, w, n_rows, n, eps)
+    e = msv_launch(rmsnorm_vec_kernel<NV>, dim3(n_rows),                     \
+                   dim3(MSV_NORM_THREADS), 0, stream, out, fmt, x, rows, w,  \
+                   n_rows, n, eps)
 
     if (nv <= 1) {
         MSV_NORM_VEC(1);
@@ -132,5 +148,5 @@ rmsnorm_forward(void *out, int fmt, const float *x, const int32_t *rows,
         MSV_NORM_VEC(8);
     }
 #undef MSV_NORM_VEC
-    return cudaGetLastError();
+    return e;
 }

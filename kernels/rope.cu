@@ -126,6 +126,8 @@ qkv_rope_warp_kernel(struct msv_qkv_args a)
     const float  *nw;
     int           is_q, is_k, p, i;
 
+    msv_grid_wait();
+    msv_grid_release();
     t = blockIdx.x;
     h = blockIdx.y * MSV_ROPE_WARPS + (threadIdx.x >> 5);
     if (h >= a.n_heads + 2 * a.n_kv_heads) {
@@ -191,8 +193,9 @@ qkv_rope_warp_kernel(struct msv_qkv_args a)
 cudaError_t
 qkv_rope_forward(const struct msv_qkv_args *a, cudaStream_t stream)
 {
-    dim3      grid;
-    uint32_t  nh;
+    cudaError_t  e;
+    dim3         grid;
+    uint32_t     nh;
 
     if (a->n_tokens == 0) {
         return cudaSuccess;
@@ -203,8 +206,8 @@ qkv_rope_forward(const struct msv_qkv_args *a, cudaStream_t stream)
         grid = dim3(a->n_tokens, MSV_CEIL_DIV(nh, (uint32_t) MSV_ROPE_WARPS));
 
 #define MSV_ROPE_WARP(KV, NP)                                                \
-        qkv_rope_warp_kernel<KV, NP><<<grid, MSV_ROPE_WARPS * 32, 0,         \
-                                       stream>>>(*a)
+        e = msv_launch(qkv_rope_warp_kernel<KV, NP>, grid,                   \
+                       dim3(MSV_ROPE_WARPS * 32), 0, stream, *a)
 
         if (a->kv.kv_bf16) {
             if (a->head_dim == 64) {
@@ -226,7 +229,7 @@ qkv_rope_forward(const struct msv_qkv_args *a, cudaStream_t stream)
             MSV_ROPE_WARP(float, 8);
         }
 #undef MSV_ROPE_WARP
-        return cudaGetLastError();
+        return e;
     }
 
     grid = dim3(a->n_tokens, a->n_heads + 2 * a->n_kv_heads);
