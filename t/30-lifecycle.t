@@ -19,9 +19,13 @@ use MsvTest;
 
 my $t = MsvTest->new;
 # --drain-timeout 1: a stopped worker's long requests end at that deadline
-my $w = $t->start_worker(slots => 16, max_model_len => 4096, threads => 1,
+my $w = $t->start_worker(slots => 16, max_model_len => 32768, threads => 1,
+                         model_dir => $t->long_context_model(32768),
                          args => ['--drain-timeout', 1]);
 $t->start_nginx;
+# long requests: still running when aborted, killed or drained, on any
+# backend (about 4 s alone at the measured rate)
+my $LONG = $t->tokens_lasting(4, 32000);
 
 my $true = JSON::PP::true;
 
@@ -29,7 +33,7 @@ sub long_req {
     my ($id, %o) = @_;
     return { request_id => $id, token_ids => [1, 2, 3, 4],
              return_sampling_mask => $true,
-             sampling_params => { max_tokens => 4000, ignore_eos => $true,
+             sampling_params => { max_tokens => $LONG, ignore_eos => $true,
                                   top_k => 8, %o } };
 }
 
@@ -96,7 +100,7 @@ sub read_until {
     ok($last->{usage}, 'usage in the last event');
     my $m = MsvTest::merge_events($r->{events});
     my $n = scalar @{ $m->{choices}[0]{token_ids} };
-    ok($n > 0 && $n < 4000, "partial output ($n tokens)");
+    ok($n > 0 && $n < $LONG, "partial output ($n tokens)");
     is($last->{usage}{completion_tokens}, $n, 'usage counts what was sent');
     is(scalar @{ $m->{choices}[0]{sampling_mask} }, $n, 'one mask row per token');
 

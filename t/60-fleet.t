@@ -112,19 +112,9 @@ my $rd = MsvTest->new;    # Redis, beside the front
 my $rport = $rd->start_redis(args => $NETNS
     ? ['--bind', '127.0.0.1', $nsa{gw}, $nsb{gw}, '--protected-mode', 'no']
     : []);
-# the tiny fixture with room for 4000-token streams
-$MODEL = $rd->dir . "/model";
-mkdir $MODEL or die "t60: $MODEL: $!";
-{
-    my $src = "$MsvTest::ROOT/t/fixtures/qwen3-tiny";
-    open my $in, '<', "$src/config.json" or die "t60: $src/config.json: $!";
-    my $cfg = decode_json(do { local $/; <$in> });
-    $cfg->{max_position_embeddings} = 4096;
-    open my $out, '>', "$MODEL/config.json" or die;
-    print $out encode_json($cfg);
-    close $out;
-    symlink("$src/model.safetensors", "$MODEL/model.safetensors") or die;
-}
+# the tiny fixture with room for streams that outlast the drain on any
+# backend
+$MODEL = $rd->long_context_model(32768);
 
 my $ha = NsHost->new(redis_port => $rport, %nsa);
 my $hb = NsHost->new(redis_port => $rport, %nsb);
@@ -134,7 +124,7 @@ for my $h ([$ha, 'gpu-a'], [$hb, 'gpu-b']) {
     my ($t, $name) = @$h;
     my $addr = $t->{addr} // '127.0.0.1';
     $t->{port} = MsvTest::free_port();
-    $t->start_worker(name => "t60-$$-$name", slots => 32, max_model_len => 4096,
+    $t->start_worker(name => "t60-$$-$name", slots => 32, max_model_len => 32768,
                      model_dir => $MODEL,
                      args => ['--weight-version', 'w0', '--drain-timeout', $DRAIN]);
     $host{"$addr:$t->{port}"} = $name;
@@ -292,9 +282,9 @@ my $vocab = $ha->health->{workers}[0]{vocab_size} or diag(JSON::PP->new->encode(
 my $http = HTTP::Tiny->new(timeout => 60, keep_alive => 0);
 
 sub req {
-    my ($id, $max) = @_;
+    my ($id, $max, %o) = @_;
     return { request_id => $id, token_ids => [map { ($_ * 31) % $vocab } 1 .. 6],
-             return_sampling_mask => $true,
+             return_sampling_mask => ($o{mask} // 1) ? $true : JSON::PP::false,
              sampling_params => { max_tokens => $max, ignore_eos => $true,
                                   top_k => 8, seed => 7 } };
 }
@@ -411,7 +401,8 @@ sub abort_on {
 # by load: host A busy with 8 long streams (sent to it directly); once
 # the registry shows it, every new request goes to B
 {
-    my @busy = map { bg($ha, req("busy-$_", 4000), stream => 1) } 1 .. 8;
+    my $n_busy = $ha->tokens_lasting(4, 32000);    # outlasting the checks
+    my @busy = map { bg($ha, req("busy-$_", $n_busy, mask => 0), stream => 1) } 1 .. 8;
     bg_started($_) for @busy;
     ok(MsvTest::wait_for(sub {
         my ($h) = grep { $_->{host} eq 'gpu-a' } @{ fhealth()->{hosts} };
@@ -605,7 +596,10 @@ sub wstate { my $h = $_[0]->health; $h ? $h->{workers}[0] : {} }
     my ($wa) = values %{ $ha->{workers} };
     my $hdr = { 'X-Maskserve-Affinity' => $key_of{'gpu-a'} };
     my @short = map { req("drain-short-$_", 400) } 1 .. 2;
-    my @long = map { req("drain-long-$_", 4000) } 1 .. 2;
+    # long enough to outlast the drain on any backend
+    my $n_long = $ha->tokens_lasting($DRAIN + 4, 32000);
+    # (no masks: a GPU streams tens of thousands of events meanwhile)
+    my @long = map { req("drain-long-$_", $n_long, mask => 0) } 1 .. 2;
     # the long ones first; SIGTERM as soon as the short ones run
     my @bl = map { bg($f, $_, stream => 1, headers => $hdr) } @long;
     ok(bg_started($_), 'a long stream on A') for @bl;

@@ -25,16 +25,23 @@ use MsvTest;
 my $STALL = 3;      # maskserve_worker_stall_timeout, s
 
 my $t = MsvTest->new;
-my $w = $t->start_worker(slots => 16, max_model_len => 4096, threads => 1,
+my $w = $t->start_worker(slots => 16, max_model_len => 32768, threads => 1,
+                         model_dir => $t->long_context_model(32768),
                          args => ['--drain-timeout', 2]);
 $t->start_nginx(processes => 2,
                 http => "    maskserve_worker_stall_timeout ${STALL}s;\n");
 my $true = JSON::PP::true;
 my $V = $t->health->{workers}[0]{vocab_size};
+# streams that must still run when every slot is seen taken, or outlast
+# the drain (2 s), are sized by the backend's measured rate: a GPU runs a
+# batch of the tiny model's sequences as fast as one
+my $FULL = $t->tokens_lasting(3, 4000, 16);
+my $LONG = $t->tokens_lasting(6, 32000);
 
 sub req {
-    my ($id, $max) = @_;
-    return { request_id => $id, token_ids => [3, 1, 4], return_sampling_mask => $true,
+    my ($id, $max, %o) = @_;
+    return { request_id => $id, token_ids => [3, 1, 4],
+             return_sampling_mask => ($o{mask} // 1) ? $true : JSON::PP::false,
              sampling_params => { max_tokens => $max, ignore_eos => $true,
                                   top_k => 8, seed => length $id } };
 }
@@ -97,7 +104,7 @@ sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
 
 # --- every slot taken: 503 at once, the running requests go on
 {
-    my @reqs = map { req("full-$_", 200) } 1 .. 16;
+    my @reqs = map { req("full-$_", $FULL) } 1 .. 16;
     my @bg = map { $t->bg(stream => $_) } @reqs;
     $t->bg_started($_, 10) for @bg;
     ok(MsvTest::wait_for(sub { (in_use() // 0) == 16 }, 10), 'all 16 slots in use');
@@ -115,7 +122,8 @@ sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
 
 # --- SIGTERM: drain
 {
-    my @reqs = map { req("term-$_", 3000) } 1 .. 8;
+    # no masks: a GPU streams tens of thousands of events in the 2 s
+    my @reqs = map { req("term-$_", $LONG, mask => 0) } 1 .. 8;
     my @bg = map { $t->bg(stream => $_) } @reqs;
     $t->bg_started($_, 10) for @bg;
     my $t0 = time;
@@ -131,9 +139,12 @@ sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
     is($st, 0, 'with status 0');
     cmp_ok($dt, '<', 2 + 3, 'within --drain-timeout (2 s) and a margin');
     $w->{pid} = 0;
-    my @r = map { $t->bg_wait($_, 10) } @bg;
+    my @r = map { $t->bg_wait($_, 30) } @bg;
     my @msg = grep { $_ } map { explicit_error($_) } @r;
-    is(scalar @msg, 8, 'every running stream ends with an explicit error and [DONE]');
+    is(scalar @msg, 8, 'every running stream ends with an explicit error and [DONE]')
+        or diag(explain [map { $_ && { status => $_->{status}, done => $_->{done},
+                                       events => scalar @{ $_->{events} },
+                                       last => $_->{events}[-1] } } @r]);
     like($msg[0] // '', qr/shutting down/, 'saying the worker is shutting down');
     ok(!-e "/dev/shm/$w->{name}", 'the region is removed');
     like(MsvTest::_tail($w->{log}, 20), qr/stopping: aborting \d+ requests/,

@@ -263,7 +263,13 @@ class Live(unittest.TestCase):
                "--prompt", ",".join(map(str, prompt)),
                "--tokens", ",".join(map(str, toks)), "--out", out]
         cmd += os.environ.get("MSV_LOGITS_ARGS", "").split()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        # its log (the CUDA backend's lines among them) kept out of the
+        # test runner's output, shown only when it fails
+        p = subprocess.run(cmd, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            self.fail("maskserve-logits exited %d: %s"
+                      % (p.returncode, p.stderr.strip()))
         return np.fromfile(out, dtype="<f4").reshape(len(toks), VOCAB)
 
 

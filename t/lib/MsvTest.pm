@@ -421,6 +421,57 @@ sub generate {
     return $self->post('/inference/v1/generate', { %$req, stream => JSON::PP::false });
 }
 
+# A checkpoint directory for start_worker(model_dir => ...): the
+# qwen3-tiny fixture with max_position_embeddings $max_pos, for streams
+# longer than the dummy tiny model's 4096 positions.
+sub long_context_model {
+    my ($self, $max_pos) = @_;
+    my $src = "$ROOT/t/fixtures/qwen3-tiny";
+    my $dir = "$self->{dir}/qwen3-tiny-$max_pos";
+    return $dir if -d $dir;
+    mkdir $dir or die "MsvTest: $dir: $!\n";
+    open my $in, '<', "$src/config.json" or die "MsvTest: $src/config.json: $!\n";
+    my $cfg = $json->decode(do { local $/; <$in> });
+    $cfg->{max_position_embeddings} = $max_pos;
+    open my $out, '>', "$dir/config.json" or die "MsvTest: $dir/config.json: $!\n";
+    print $out $json->encode($cfg);
+    close $out or die "MsvTest: $dir/config.json: $!\n";
+    symlink("$src/model.safetensors", "$dir/model.safetensors")
+        or die "MsvTest: $dir/model.safetensors: $!\n";
+    return $dir;
+}
+
+# New tokens enough for a request to run about $seconds on this stack
+# (at least 200, at most $cap) when $parallel (default 1) run at once,
+# from the rate of 256-token probes, the second of two rounds (the first
+# warms the backend up: a CUDA worker captures its graphs then).  A test
+# that needs requests still running when something happens to them (an
+# abort, a kill, a drain deadline, every slot taken) sizes them by the
+# backend it runs on: a GPU runs a batch of the tiny model's sequences
+# as fast as one, many times faster than a CPU.
+sub tokens_lasting {
+    my ($self, $seconds, $cap, $parallel) = @_;
+    my $probe = 256;
+    my $dt;
+    $parallel //= 1;
+    for my $round (1, 2) {
+        my $t0 = Time::HiRes::time();
+        my @r = $self->parallel(map { [generate => {
+            token_ids => [1, 2, 3],
+            sampling_params => { max_tokens => $probe,
+                                 ignore_eos => JSON::PP::true } }] } 1 .. $parallel);
+        $dt = Time::HiRes::time() - $t0;
+        for (@r) {
+            die "MsvTest: tokens_lasting: a probe answered $_->{status}\n"
+                unless $_ && $_->{status} == 200;
+        }
+    }
+    my $n = int($probe / ($dt > 1e-3 ? $dt : 1e-3) * $seconds);
+    $n = 200 if $n < 200;
+    $n = $cap if defined $cap && $n > $cap;
+    return $n;
+}
+
 # A streaming request: collects every event.  Returns { status, headers,
 # events => [decoded JSON...], done => saw [DONE], raw => body text }.
 sub stream {
