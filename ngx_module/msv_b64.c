@@ -14,8 +14,10 @@
  * per group, the four 6-bit values moved into place with two multiplies,
  * and turned into characters by adding an offset looked up per range
  * (W. Mula and D. Lemire, "Faster Base64 Encoding and Decoding Using AVX2
- * Instructions", ACM TWEB 12(3), 2018).  A stream that writes around the
- * cache (msv_b64_init) stores the whole 64-byte lines of long pieces with
+ * Instructions", ACM TWEB 12(3), 2018).  Every step after a piece's first
+ * takes its 24 bytes with one 32-byte load that starts 4 bytes before
+ * them, two steps at a time.  A stream that writes around the cache
+ * (msv_b64_init) stores the whole 64-byte lines of long pieces with
  * non-temporal stores.  Every path writes the same text.
  */
 
@@ -123,29 +125,22 @@ msv_b64_steps(char *p, const uint8_t **src, size_t *n)
 #define MSV_B64_AROUND_MIN  1024    /* pieces written around the cache */
 
 /*
- * The 32 characters of the 24 bytes at b (each lane's 16-byte load reads
- * 4 bytes past the 12 it encodes).
+ * The 32 characters of 24 input bytes held in a register: the low lane's
+ * 12 at byte lo (0 or 4) of it, the high lane's 12 at byte 0 of it.
+ * spread (msv_b64_spread) puts each group b0 b1 b2 into a 32-bit word
+ * b1 b0 b2 b1 (little-endian).
  */
 
 __attribute__((target("avx2"), always_inline))
 static inline __m256i
-msv_b64_enc24_avx2(const uint8_t *b)
+msv_b64_chars_avx2(__m256i in, __m256i spread)
 {
-    __m256i  in, t0, t1, t2, t3, idx, lut, sel, spread;
-
-    /* per group b0 b1 b2: the 32-bit word b1 b0 b2 b1 (little-endian) */
-    spread = _mm256_setr_epi8(
-        1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10,
-        1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10);
+    __m256i  t0, t1, t2, t3, idx, lut, sel;
 
     /* the offset to add, by range: A-Z, a-z, 0-9 (10 values), +, / */
     lut = _mm256_setr_epi8(
         65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0,
         65, 71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 0, 0);
-
-    in = _mm256_inserti128_si256(
-             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) b)),
-             _mm_loadu_si128((const __m128i *) (b + 12)), 1);
 
     in = _mm256_shuffle_epi8(in, spread);
 
@@ -164,13 +159,101 @@ msv_b64_enc24_avx2(const uint8_t *b)
 }
 
 
+/* the spread of msv_b64_chars_avx2, the low lane's bytes at lo */
+
+__attribute__((target("avx2"), always_inline))
+static inline __m256i
+msv_b64_spread(int lo)
+{
+    return _mm256_add_epi8(
+        _mm256_setr_epi8(
+            1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10,
+            1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10),
+        _mm256_setr_epi32(lo * 0x01010101, lo * 0x01010101,
+                          lo * 0x01010101, lo * 0x01010101, 0, 0, 0, 0));
+}
+
+
 /*
- * 24 bytes a step, while at least 28 are left.  As msv_b64_steps.
+ * The 24 bytes at b, the first step of a piece: two 16-byte loads, at b
+ * and b + 12, which read nothing before b (and 4 bytes past the 24).
+ */
+
+__attribute__((target("avx2"), always_inline))
+static inline __m256i
+msv_b64_first_avx2(const uint8_t *b, __m256i spread0)
+{
+    return msv_b64_chars_avx2(_mm256_inserti128_si256(
+               _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) b)),
+               _mm_loadu_si128((const __m128i *) (b + 12)), 1), spread0);
+}
+
+
+/*
+ * The 24 bytes at b once the piece's first 4 are behind: one 32-byte
+ * load from b - 4, whose low lane holds b's first 12 bytes at 4 and whose
+ * high lane holds the next 12 at 0 (and 4 bytes past them).
+ */
+
+__attribute__((target("avx2"), always_inline))
+static inline __m256i
+msv_b64_next_avx2(const uint8_t *b, __m256i spread4)
+{
+    return msv_b64_chars_avx2(
+               _mm256_loadu_si256((const __m256i *) (b - 4)), spread4);
+}
+
+
+/*
+ * Two steps at a time, 48 bytes into 64 characters, while at least 52
+ * bytes are left; nt: with non-temporal stores (p on a line boundary).
+ */
+
+__attribute__((target("avx2"), always_inline))
+static inline char *
+msv_b64_twos_avx2(char *p, const uint8_t **src, size_t *n, __m256i spread4,
+    int nt)
+{
+    size_t          k;
+    __m256i         c0, c1;
+    const uint8_t  *b;
+
+    b = *src;
+
+    for (k = *n; k >= 52; k -= 48) {
+        c0 = msv_b64_next_avx2(b, spread4);
+        c1 = msv_b64_next_avx2(b + 24, spread4);
+
+        if (nt) {
+            _mm256_stream_si256((__m256i *) p, c0);
+            _mm256_stream_si256((__m256i *) (p + 32), c1);
+
+        } else {
+            _mm256_storeu_si256((__m256i *) p, c0);
+            _mm256_storeu_si256((__m256i *) (p + 32), c1);
+        }
+
+        p += 64;
+        b += 48;
+    }
+
+    *src = b;
+    *n = k;
+
+    return p;
+}
+
+
+/*
+ * 24 bytes a step, while at least 28 are left (every load stays within
+ * the piece).  As msv_b64_steps.  The first step loads as
+ * msv_b64_first_avx2, every later one as msv_b64_next_avx2, two steps
+ * (48 bytes, 64 characters) at a time while 52 are left.
  *
- * around (a piece of MSV_B64_AROUND_MIN bytes or more): first whole
- * 64-byte lines written around the cache, groups up to the next line
- * boundary, then 48 bytes a line with two non-temporal stores while at
- * least 52 are left, and a fence, so that whatever reads the text next
+ * around (a piece of MSV_B64_AROUND_MIN bytes or more): after the first
+ * step, groups up to the next 64-byte line boundary, then whole lines
+ * written around the cache, two non-temporal stores each, while at least
+ * 52 bytes are left, and a fence, so that whatever reads the text next
  * (the kernel's copy into a socket, on any CPU) sees it.  Text that never
  * meets a boundary in whole groups (p not 4-aligned) is written as
  * without.
@@ -181,12 +264,23 @@ static char *
 msv_b64_steps_avx2(char *p, const uint8_t **src, size_t *n, int around)
 {
     size_t          k;
+    __m256i         spread4;
     const uint8_t  *b;
 
     b = *src;
     k = *n;
 
-    if (around && k >= MSV_B64_AROUND_MIN && ((uintptr_t) p & 3) == 0) {
+    around = around && k >= MSV_B64_AROUND_MIN && ((uintptr_t) p & 3) == 0;
+
+    _mm256_storeu_si256((__m256i *) p, msv_b64_first_avx2(b,
+                                                          msv_b64_spread(0)));
+    p += 32;
+    b += 24;
+    k -= 24;
+
+    spread4 = msv_b64_spread(4);
+
+    if (around) {
 
         for ( ; ((uintptr_t) p & 63) && k >= 3; k -= 3) {
             p = msv_b64_group(p, (uint32_t) b[0] << 16
@@ -194,21 +288,17 @@ msv_b64_steps_avx2(char *p, const uint8_t **src, size_t *n, int around)
             b += 3;
         }
 
-        for ( ; k >= 52; k -= 48) {
-            _mm256_stream_si256((__m256i *) p, msv_b64_enc24_avx2(b));
-            _mm256_stream_si256((__m256i *) (p + 32),
-                                msv_b64_enc24_avx2(b + 24));
-            p += 64;
-            b += 48;
-        }
-
+        p = msv_b64_twos_avx2(p, &b, &k, spread4, 1);
         _mm_sfence();
     }
 
-    for ( ; k >= 28; k -= 24) {
-        _mm256_storeu_si256((__m256i *) p, msv_b64_enc24_avx2(b));
+    p = msv_b64_twos_avx2(p, &b, &k, spread4, 0);
+
+    if (k >= 28) {
+        _mm256_storeu_si256((__m256i *) p, msv_b64_next_avx2(b, spread4));
         p += 32;
         b += 24;
+        k -= 24;
     }
 
     *src = b;

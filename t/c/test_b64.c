@@ -10,6 +10,9 @@
  *     (msv_b64_init); every length from 0 to 100 at every carry and
  *     source alignment, and pieces of 1000..1100 bytes at every output
  *     offset, the same every way;
+ *   - pieces that start right after, or end right before, a page that
+ *     cannot be read: the encoder reads nothing outside what it is given
+ *     (the vector path loads 32 bytes at a time);
  *   - decoding round trips, and every kind of malformed text rejected.
  *
  * MSV_TEST_SEED (environment) changes the random seed.
@@ -19,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/mman.h>
 
 #include "tap.h"
 #include "msv_b64.h"
@@ -199,6 +204,76 @@ pieces(uint8_t *in, char *out, char *ref, const char *path, int around,
 }
 
 
+/*
+ * Pieces of every length 0..n1 (after a carry of 0, 1 or 2 bytes) placed
+ * at the very start and at the very end of a readable page between two
+ * that are not: a load outside the piece faults, in any build.  The
+ * carry is fed from another buffer, so the piece's neighbours are the
+ * guard pages themselves.
+ */
+
+static void
+guarded(char *out, char *ref, const char *path, int around, size_t n1)
+{
+    char       *p;
+    size_t      n, c, i, page, rlen, at;
+    uint8_t    *map, *b, all[3 + 4096];
+    unsigned    bad;
+    msv_b64_t   s;
+
+    page = (size_t) sysconf(_SC_PAGESIZE);
+    if (n1 > page || n1 + 3 > sizeof(all)) {
+        n1 = page < sizeof(all) - 3 ? page : sizeof(all) - 3;
+    }
+
+    map = mmap(NULL, 3 * page, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED
+        || mprotect(map, page, PROT_NONE) != 0
+        || mprotect(map + 2 * page, page, PROT_NONE) != 0)
+    {
+        tap_ok(0, "%s: guard pages mapped", path);
+        return;
+    }
+
+    bad = 0;
+
+    for (n = 0; n <= n1; n++) {
+        for (c = 0; c < 3; c++) {
+            for (at = 0; at < 2; at++) {
+                b = at ? map + 2 * page - n : map + page;
+
+                for (i = 0; i < c + n; i++) {
+                    all[i] = (uint8_t) rng_next();
+                }
+
+                memcpy(b, all + c, n);
+                rlen = msv_b64_ref(all, c + n, ref);
+
+                msv_b64_init(&s, around);
+                p = msv_b64_put(&s, out, all, c);
+                p = msv_b64_put(&s, p, b, n);
+                p = msv_b64_end(&s, p);
+
+                if (((size_t) (p - out) != rlen || memcmp(out, ref, rlen))
+                    && bad++ < 3)
+                {
+                    tap_diag("%s: %zu bytes after a carry of %zu at the %s "
+                             "of a page differ", path, n, c,
+                             at ? "end" : "start");
+                }
+            }
+        }
+    }
+
+    munmap(map, 3 * page);
+
+    tap_ok(bad == 0, "%s: pieces of 0..%zu bytes flush against unreadable "
+           "pages encode as the reference, reading nothing outside them (%u "
+           "differ)", path, n1, bad);
+}
+
+
 int
 main(void)
 {
@@ -251,6 +326,7 @@ main(void)
             random_rounds(in, back, out, ref, path, around);
             pieces(in, out, ref, path, around, 0, 100, 8, 1);
             pieces(in, out, ref, path, around, 1000, 1100, 1, 68);
+            guarded(out, ref, path, around, 1200);
         }
     }
 
