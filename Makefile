@@ -152,7 +152,7 @@ $(B)/bench/e2e_load: bench/e2e_load.c $(E2E_SRC) $(wildcard bench/e2e/*.h) \
 # module's build compiles it (-O2, tools/build-module.sh), against nginx's
 # configured headers and the core functions of fuzz/ngx_shim.c; `module`
 # configures those headers
-$(B)/bench/packed_bench: bench/packed_bench.c fuzz/ngx_shim.c \
+$(B)/bench/packed_bench: bench/packed_bench.c bench/loopback.h fuzz/ngx_shim.c \
                          ngx_module/ngx_http_maskserve_output.c \
                          $(MSV_NGX_SRC) $(wildcard ngx_module/*.h) | module
 	@mkdir -p $(dir $@)

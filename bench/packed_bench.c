@@ -107,6 +107,7 @@
 #include "ngx_http_maskserve_output.h"
 #include "ngx_shim.h"
 #include "mix.h"
+#include "loopback.h"
 
 
 #define VOCAB        151936
@@ -788,19 +789,10 @@ send_open(void)
 {
     int                 ls, c;
     char               *b;
-    socklen_t           sl;
     struct sockaddr_in  a;
 
-    ls = socket(AF_INET, SOCK_STREAM, 0);
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    sl = sizeof(a);
-
-    if (ls < 0 || bind(ls, (struct sockaddr *) &a, sizeof(a)) != 0
-        || getsockname(ls, (struct sockaddr *) &a, &sl) != 0
-        || listen(ls, 1) != 0)
-    {
+    ls = msv_loopback_listen(&a);
+    if (ls < 0) {
         perror("packed_bench: loopback listener");
         exit(1);
     }
