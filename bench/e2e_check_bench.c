@@ -71,21 +71,6 @@ rng_next(void)
 }
 
 
-static double
-rng_unit(void)
-{
-    return ((double) (rng_next() >> 11) + 1.0) / 9007199254740992.0;
-}
-
-
-static float
-rng_normal(void)
-{
-    return (float) (sqrt(-2.0 * log(rng_unit()))
-                    * cos(6.283185307179586 * rng_unit()));
-}
-
-
 /* thread CPU time: the checker's own cost even on a shared machine */
 static double
 now_s(void)
@@ -124,7 +109,7 @@ make_row_ids(int32_t *ids, long k, long vocab)
     long  v, got = 0;
 
     for (v = 0; v < vocab && got < k; v++) {
-        if ((double) (k - got) > rng_unit() * (double) (vocab - v)) {
+        if ((double) (k - got) > msv_unit(&rng_state) * (double) (vocab - v)) {
             ids[got++] = (int32_t) v;
         }
     }
@@ -140,7 +125,7 @@ make_row_lps(float *lps, long k)
     float  mx = -INFINITY, sum = 0.0f, lse;
 
     for (j = 0; j < k; j++) {
-        lps[j] = 2.5f * rng_normal();
+        lps[j] = 2.5f * (float) msv_normal(&rng_state);
         mx = lps[j] > mx ? lps[j] : mx;
     }
     for (j = 0; j < k; j++) {

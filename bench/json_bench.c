@@ -62,20 +62,6 @@ rng_next(void)
 }
 
 
-static double
-rng_unit(void)
-{
-    return ((double) (rng_next() >> 11) + 1.0) / 9007199254740992.0;
-}
-
-
-static double
-rng_normal(void)
-{
-    return sqrt(-2.0 * log(rng_unit())) * cos(6.283185307179586 * rng_unit());
-}
-
-
 /* thread CPU time: the rate of one core even on a shared machine */
 static double
 now_s(void)
@@ -116,7 +102,7 @@ make_rows(struct rowset *rs, uint32_t len)
         for (j = 0; j < len; j++) {
             rs->ids[(size_t) r * len + j] =
                 (int32_t) (j * step + rng_next() % step);
-            z[j] = 2.5 * rng_normal();
+            z[j] = 2.5 * msv_normal(&rng_state);
             mx = z[j] > mx ? z[j] : mx;
         }
 

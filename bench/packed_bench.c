@@ -158,18 +158,6 @@ rng_next(void)
 
 
 static double
-rng_normal(void)
-{
-    double  u, v;
-
-    u = ((double) (rng_next() >> 11) + 1.0) / 9007199254740992.0;
-    v = ((double) (rng_next() >> 11) + 1.0) / 9007199254740992.0;
-
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-
-static double
 thread_cpu(void)
 {
     struct timespec  ts;
@@ -243,7 +231,7 @@ rows_make(bench_rows_t *rs, uint32_t len)
 
         m = -INFINITY;
         for (k = 0; k < len; k++) {
-            x[k] = 2.5 * rng_normal();
+            x[k] = 2.5 * msv_normal(&rng_state);
             m = x[k] > m ? x[k] : m;
         }
         sum = 0;

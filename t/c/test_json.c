@@ -45,14 +45,6 @@ rng_next(void)
 }
 
 
-static double
-rng_unit(void)
-{
-    /* (0, 1] */
-    return ((double) (rng_next() >> 11) + 1.0) / 9007199254740992.0;
-}
-
-
 static float
 f32_of(uint32_t bits)
 {
@@ -801,11 +793,11 @@ test_reference(void)
             bits = (uint32_t) rng_next() % 0x7f800000u;
             break;
         case 1:
-            v = (float) log(rng_unit());
+            v = (float) log(msv_unit(&rng_state));
             bits = bits_of(-v);
             break;
         default:
-            v = (float) (30.0 * rng_unit());
+            v = (float) (30.0 * msv_unit(&rng_state));
             bits = bits_of(v);
             break;
         }
@@ -927,9 +919,9 @@ test_roundtrip_special(void)
     /* logprob-like values in [-30, 0]: a grid and random ones */
     for (k = 0; k <= 300000; k++) {
         bad += check_f32((float) (-30.0 * k / 300000.0), &diag);
-        v = (float) log(rng_unit());
+        v = (float) log(msv_unit(&rng_state));
         bad += check_f32(v, &diag);
-        v = (float) (-30.0 * rng_unit());
+        v = (float) (-30.0 * msv_unit(&rng_state));
         bad += check_f32(v, &diag);
         n += 3;
     }
@@ -1168,7 +1160,8 @@ test_arrays(void)
 
         for (j = 0; j < n; j++) {
             ids[j] = (int32_t) (j * 18 + rng_next() % 18);
-            lps[j] = (float) (log(rng_unit()) * (1 + rng_next() % 8));
+            lps[j] = (float) (log(msv_unit(&rng_state))
+                              * (1 + rng_next() % 8));
         }
         if (n > 3) {
             ids[n - 1] = INT32_MAX;
@@ -1285,7 +1278,7 @@ path_f32(int kind)
     case 1:
         return f32_of((uint32_t) rng_next());
     case 2:
-        return (float) (log(rng_unit()) * (1 + rng_next() % 8));
+        return (float) (log(msv_unit(&rng_state)) * (1 + rng_next() % 8));
     case 3:
         return edge[rng_next() % (sizeof(edge) / sizeof(edge[0]))];
     case 4:
@@ -1436,7 +1429,6 @@ test_paths(void)
     free(a);
     free(b);
 }
-
 
 
 int
