@@ -35,6 +35,7 @@
 #include "msv_b64.h"
 #include "msv_json.h"
 #include "mix.h"
+#include "thread_cpu.h"
 #include "array.h"
 #include "check.h"
 #include "resp.h"
@@ -68,20 +69,6 @@ static uint64_t
 rng_next(void)
 {
     return msv_splitmix64(&rng_state);
-}
-
-
-/* thread CPU time: the checker's own cost even on a shared machine */
-static double
-now_s(void)
-{
-    struct timespec  ts;
-
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) {
-        perror("e2e_check_bench: clock_gettime");
-        exit(1);
-    }
-    return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
 }
 
 
@@ -309,7 +296,7 @@ check_body(msv_resp_t *rs, const char *body, size_t len, size_t piece)
     int     rc = 0;
     double  t0;
 
-    t0 = now_s();
+    t0 = msv_thread_cpu();
     msv_resp_reset(rs);
     for (off = 0; off < len && rc == 0; off += k) {
         k = len - off > piece ? piece : len - off;
@@ -318,7 +305,7 @@ check_body(msv_resp_t *rs, const char *body, size_t len, size_t piece)
     if (rc == 0 && msv_resp_end(rs) == 0) {
         msv_resp_check(rs);
     }
-    t0 = now_s() - t0;
+    t0 = msv_thread_cpu() - t0;
 
     if (rs->bad[0] != '\0') {
         fprintf(stderr, "e2e_check_bench: the checker refused the body: %s\n",

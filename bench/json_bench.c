@@ -28,6 +28,7 @@
 
 #include "msv_json.h"
 #include "mix.h"
+#include "thread_cpu.h"
 
 
 #define VOCAB        151936
@@ -59,20 +60,6 @@ static uint64_t
 rng_next(void)
 {
     return msv_splitmix64(&rng_state);
-}
-
-
-/* thread CPU time: the rate of one core even on a shared machine */
-static double
-now_s(void)
-{
-    struct timespec  ts;
-
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) {
-        perror("json_bench: clock_gettime");
-        exit(1);
-    }
-    return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
 }
 
 
@@ -410,11 +397,11 @@ main(int argc, char **argv)
 
             for (rep = 0; rep < repeats; rep++) {
                 iters = 0;
-                t0 = now_s();
+                t0 = msv_thread_cpu();
                 do {
                     sink += methods[m].run(&sets[s], out);
                     iters++;
-                    dt = now_s() - t0;
+                    dt = msv_thread_cpu() - t0;
                 } while (dt < seconds);
                 rate[rep] = (double) items * iters / dt;
             }

@@ -108,6 +108,7 @@
 #include "ngx_shim.h"
 #include "mix.h"
 #include "loopback.h"
+#include "thread_cpu.h"
 
 
 #define VOCAB        151936
@@ -154,16 +155,6 @@ static uint64_t
 rng_next(void)
 {
     return msv_splitmix64(&rng_state);
-}
-
-
-static double
-thread_cpu(void)
-{
-    struct timespec  ts;
-
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 
@@ -874,11 +865,11 @@ time_stage(bench_rows_t *rs, const bench_stage_t *st, double seconds,
 
     for (k = 0; k < repeats; k++) {
         n = 0;
-        t0 = thread_cpu();
+        t0 = msv_thread_cpu();
         do {
             st->run(rs, st->packed);
             n++;
-            t = thread_cpu() - t0;
+            t = msv_thread_cpu() - t0;
         } while (t < seconds);
         s[k] = t / n;
     }
@@ -1015,7 +1006,7 @@ rate_alone(bench_rows_t *rs, double seconds, int repeats)
     for (k = 0; k < repeats; k++) {
         for (f32 = 0; f32 < 2; f32++) {
             n = 0;
-            t0 = thread_cpu();
+            t0 = msv_thread_cpu();
 
             do {
                 p = rs->flat;
@@ -1027,7 +1018,7 @@ rate_alone(bench_rows_t *rs, double seconds, int repeats)
                     *p++ = ',';
                 }
                 n += rows;
-                t = thread_cpu() - t0;
+                t = msv_thread_cpu() - t0;
             } while (t < seconds);
 
             rate = (double) n * rs->len / t * 1e-6;
@@ -1070,7 +1061,7 @@ rate_module(bench_rows_t *rs, double seconds, int repeats, double *faults)
     for (k = 0; k < repeats; k++) {
         memset(&sum, 0, sizeof(sum));
         n = 0;
-        t0 = thread_cpu();
+        t0 = msv_thread_cpu();
 
         do {
             resp_write(rs, &rp, 0);
@@ -1088,7 +1079,7 @@ rate_module(bench_rows_t *rs, double seconds, int repeats, double *faults)
             sum.ids_ns += c[NGX_HTTP_MASKSERVE_FMT_JSON].ids_ns;
             sum.floats_ns += c[NGX_HTTP_MASKSERVE_FMT_JSON].floats_ns;
             n++;
-        } while (thread_cpu() - t0 < seconds);
+        } while (msv_thread_cpu() - t0 < seconds);
 
         if (sum.ids != (uint64_t) n * N_ROWS * rs->len
             || sum.floats != sum.ids || sum.ids_ns == 0

@@ -23,6 +23,7 @@
 #include "sampler.h"
 #include "../t/c/sampler_ref.h"
 #include "mix.h"
+#include "thread_cpu.h"
 
 
 #define B_VOCAB     151936
@@ -67,16 +68,6 @@ b_logits(float *z, uint32_t V)
     for (i = 0; i < V; i++) {
         z[i] = b_bf16(z[i]);
     }
-}
-
-static double
-b_now(void)
-{
-    struct timespec  ts;
-
-    /* the thread's CPU time: a busy host does not inflate it */
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
 }
 
 static int
@@ -173,9 +164,9 @@ main(int argc, char **argv)
             tc.z0 = rows + (size_t) r * B_VOCAB;
             tc.t = r % MSV_REF_MAX_HIST;
             tc.seed = B_SEED + r;
-            t0 = b_now();
+            t0 = msv_thread_cpu();
             msv_ref_run(&tc, &ref);
-            total += b_now() - t0;
+            total += msv_thread_cpu() - t0;
             sup_sum[c] += ref.n;
 
             for (m = 0; m < B_N_MODES; m++) {
@@ -211,11 +202,11 @@ main(int argc, char **argv)
                     tc.seed = B_SEED + r;
                     msv_ref_req(&tc, &rq);
                     memcpy(z, tc.z0, B_VOCAB * sizeof(float));
-                    t0 = b_now();
+                    t0 = msv_thread_cpu();
                     if (msv_sample(s, z, &rq, &o) != 0) {
                         bad++;
                     }
-                    total += b_now() - t0;
+                    total += msv_thread_cpu() - t0;
                 }
                 times[rep] = 1e6 * total / nrows;
             }
