@@ -1208,8 +1208,7 @@ msv_cuda_create(const struct msv_model_config *cfg,
     /* MSV_CUDA_GU_BF16=0: the gate/up product stays fp32 in the bf16
      * precision too (the side-by-side reference of the bf16 product) */
     mode = getenv("MSV_CUDA_GU_BF16");
-    b->gu_bf16 = !b->split && !b->invariant
-                 && !(mode != NULL && strcmp(mode, "0") == 0);
+    b->gu_bf16 = !b->invariant && !(mode != NULL && strcmp(mode, "0") == 0);
 
     /* MSV_CUDA_TILED=0: prefill runs by the per-token attention too (the
      * side-by-side reference for the tiled kernel) */
@@ -1525,11 +1524,11 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_NORM);
-    /* bf16 precision: the product is written bf16 (half the bytes
-     * written and read again by SiLU·up), except where the GEMV takes
-     * the batch (its sums stay fp32) */
+    /* bf16 precision (bf16 weights read as bf16 activations): the
+     * product is written bf16 (half the bytes written and read again by
+     * SiLU·up), except where the GEMV takes the batch (its sums stay
+     * fp32) */
     gu_dtype = b->gu_bf16 && f == MSV_ACT_BF16
-               && L->gate_up.dtype == MSV_BF16
                && !gemv_usable(&L->gate_up, f, n, 0)
                ? MSV_BF16 : MSV_F32;
     if (gu_dtype == MSV_BF16
