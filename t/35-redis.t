@@ -52,6 +52,28 @@ sub redis_state {
     return ($hl && $hl->{redis}) // '';
 }
 
+# Each nginx worker process has its own Redis links and its own reconnect
+# backoff, and /health answers from whichever process takes the
+# connection: one answer says nothing of the others.  True once every
+# worker process of $t has logged both links $what ("is ready", "lost")
+# after byte $from of its error log.
+sub links_logged_since {
+    my ($t, $from, $what) = @_;
+    open my $fh, '<', "$t->{dir}/error.log" or return 0;
+    seek $fh, $from, 0;
+    local $/;
+    my $log = <$fh> // '';
+    for my $pid ($t->nginx_workers) {
+        for my $link (qw(command subscriber)) {
+            return 0 unless $log =~
+                /\b$pid#\d+: .*maskserve redis: $link connection to \S+ $what/;
+        }
+    }
+    return 1;
+}
+
+sub error_log_size { -s "$_[0]{dir}/error.log" // 0 }
+
 # nginx answers /health before its Redis links finish their handshake
 ok(MsvTest::wait_for(sub { redis_state($t) eq 'up' }, 10), 'health: redis up');
 my $health = $t->health;
@@ -274,7 +296,10 @@ my @live = grep { (hgetall(rkey("t35-load-$_")) // {})->{state} =~ /admitted|run
            1 .. 6;
 is(scalar @live, 6, 'all six still generating when Redis stops');
 
+my $logpos = error_log_size($t);
 $t->stop_redis;
+ok(MsvTest::wait_for(sub { links_logged_since($t, $logpos, 'lost') }, 5),
+   'every nginx process lost its links');
 ok(MsvTest::wait_for(sub { redis_state($t) eq 'down' }, 5),
    'health: redis down');
 my $hd = $t->get('/health');
@@ -299,7 +324,10 @@ check_stream_ok($_, bg_wait($_), 'Redis down') for @bg;
 is($t->health->{redis}, 'down', 'still down');
 
 # a fresh, empty Redis on the same port
+$logpos = error_log_size($t);
 $t->start_redis;
+ok(MsvTest::wait_for(sub { links_logged_since($t, $logpos, 'is ready') }, 10),
+   'every nginx process has its links again');
 ok(MsvTest::wait_for(sub { redis_state($t) eq 'up' }, 10),
    'health: redis up again');
 is($t->health->{status}, 'ok', 'health: ok again with Redis back');
