@@ -1,7 +1,8 @@
 /*
- * fuzz_ring.c: libFuzzer target for the ring's reader (msv_consume in
- * shm/msv_ring.c) fed hostile record contents, as a reader would see
- * them if the worker wrote garbage or the region were tampered with.
+ * fuzz_ring.c: libFuzzer target for the ring's reader (msv_consume_ahead
+ * in shm/msv_ring.c, as the module calls it) fed hostile record
+ * contents, as a reader would see them if the worker wrote garbage or
+ * the region were tampered with.
  *
  * Input: 2 bytes of tail position, 2 bytes of head distance (in 16-byte
  * units, possibly more than the ring holds), then the ring's bytes from
@@ -9,7 +10,8 @@
  * exactly MSV_FZ_CAP bytes, so a read outside it is reported.  The row
  * callback reads every payload entry the way the module does (ids, lps,
  * top entries, each formatted with the msv_json writers), so a row the
- * reader lets through with counts that overrun its record is caught too.
+ * reader lets through with counts that overrun its record is caught too;
+ * the hint callback checks the rows ahead it is shown the same way.
  *
  * Checked: the reader either rejects the ring (-1) or returns a row
  * count and a tail that moved forward by whole records, never past head.
@@ -81,6 +83,19 @@ msv_fz_row(void *ud, uint64_t seq, const struct msv_row *w)
 }
 
 
+static void
+msv_fz_hint(void *ud, const struct msv_row *w, unsigned ahead)
+{
+    const uint8_t  *p = (const uint8_t *) w;
+
+    msv_fz_check(ahead >= 1 && ahead <= MSV_CONSUME_AHEAD);
+    msv_fz_check(p >= msv_fz_ring
+                 && p + w->bytes <= msv_fz_ring + MSV_FZ_CAP);
+    msv_fz_check(w->bytes == msv_row_size(w->n_support, w->n_lps,
+                                          w->n_top));
+}
+
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -112,7 +127,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     k.data = msv_fz_ring;
 
     rows = 0;
-    n = msv_consume(&k, msv_fz_row, &rows);
+    n = msv_consume_ahead(&k, msv_fz_row, msv_fz_hint, &rows);
 
     msv_fz_check(n == -1 || n == rows);
     msv_fz_check(k.tail >= tail && k.tail <= head);

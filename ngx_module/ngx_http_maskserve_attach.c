@@ -514,7 +514,8 @@ ngx_http_maskserve_attach_poll(ngx_http_maskserve_region_t *rg)
 
     for (rounds = 0; /* void */ ; rounds++) {
         rg->consuming = 1;
-        n = msv_consume(&rg->att.cons, ngx_http_maskserve_route_row, rg);
+        n = msv_consume_ahead(&rg->att.cons, ngx_http_maskserve_route_row,
+                              ngx_http_maskserve_route_hint, rg);
         rg->consuming = 0;
 
         if (n < 0) {

@@ -89,6 +89,15 @@ ngx_uint_t ngx_http_maskserve_route_count_id(ngx_http_maskserve_region_t *rg,
 int ngx_http_maskserve_route_row(void *ud, uint64_t seq,
     const struct msv_row *w);
 
+/*
+ * The consumer's hint for a row some rows ahead (msv_consume_ahead): the
+ * request state the row will touch, fetched in stages, each from what the
+ * stage before brought in (4: the request, 3: its choice, 2: the
+ * sections' buffers, 1: the bytes they will be written at).
+ */
+void ngx_http_maskserve_route_hint(void *ud, const struct msv_row *w,
+    unsigned ahead);
+
 /* Send what the region's requests hold (the contexts marked dirty). */
 void ngx_http_maskserve_route_flush(ngx_http_maskserve_region_t *rg);
 

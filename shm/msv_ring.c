@@ -612,9 +612,18 @@ msv_evicted(const struct msv_consumer *k)
 long
 msv_consume(struct msv_consumer *k, msv_row_fn fn, void *ud)
 {
+    return msv_consume_ahead(k, fn, NULL, ud);
+}
+
+
+long
+msv_consume_ahead(struct msv_consumer *k, msv_row_fn fn, msv_hint_fn hint,
+    void *ud)
+{
     long                   n;
-    uint32_t               r;
+    uint32_t               r, d, known;
     uint64_t               head, avail, pos, off;
+    uint64_t               offs[MSV_CONSUME_AHEAD + 1];
     const uint8_t         *at;
     const struct msv_rec  *h;
     const struct msv_row  *w;
@@ -660,13 +669,35 @@ msv_consume(struct msv_consumer *k, msv_row_fn fn, void *ud)
                 return -1;      /* what we validated may not be the record */
             }
 
+            /*
+             * offs[(r + i) % (AHEAD + 1)], i < known: where rows r .. r +
+             * known - 1 begin; off: the row after them (the layout was
+             * validated above, so every row's bytes can be trusted)
+             */
             off = MSV_REC_HDR;
+            known = 0;
             for (r = 0; r < h->n_rows; r++) {
-                w = (const struct msv_row *) (at + off);
+                while (known <= MSV_CONSUME_AHEAD && r + known < h->n_rows) {
+                    offs[(r + known) % (MSV_CONSUME_AHEAD + 1)] = off;
+                    off += ((const struct msv_row *) (at + off))->bytes;
+                    known++;
+                }
+
+                if (hint != NULL) {
+                    for (d = known - 1; d >= 1; d--) {
+                        hint(ud, (const struct msv_row *)
+                                 (at + offs[(r + d)
+                                            % (MSV_CONSUME_AHEAD + 1)]), d);
+                    }
+                }
+
+                w = (const struct msv_row *)
+                    (at + offs[r % (MSV_CONSUME_AHEAD + 1)]);
+                known--;
+
                 if (fn != NULL && fn(ud, h->seq, w) != 0) {
                     return -1;  /* tail stays before this record */
                 }
-                off += w->bytes;
                 n++;
             }
 

@@ -148,6 +148,22 @@ void msv_consumer_init(struct msv_consumer *k, struct msv_ctrl *c,
 long msv_consume(struct msv_consumer *k, msv_row_fn fn, void *ud);
 
 /*
+ * msv_consume that also tells the reader, before each row, of the rows
+ * of the same record up to MSV_CONSUME_AHEAD ahead of it: hint(ud, w, d)
+ * for the row d rows ahead, d = MSV_CONSUME_AHEAD .. 1, so that a reader
+ * whose rows go to state scattered in memory (a request each) can fetch
+ * that state in stages while it handles the rows before.  A hint must
+ * not change anything; the row is valid only during the call.
+ */
+#define MSV_CONSUME_AHEAD  4
+
+typedef void (*msv_hint_fn)(void *ud, const struct msv_row *w,
+    unsigned ahead);
+
+long msv_consume_ahead(struct msv_consumer *k, msv_row_fn fn,
+    msv_hint_fn hint, void *ud);
+
+/*
  * Before blocking on its eventfd: arm, then look again.  Returns 1 if
  * records arrived meanwhile (consume again instead of sleeping), 0 if
  * it is safe to sleep.

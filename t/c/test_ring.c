@@ -181,6 +181,134 @@ test_wrap_random(void)
 }
 
 
+/*
+ * msv_consume_ahead: every hint names the row that the reader is handed
+ * exactly that many rows later (in the same record: a hint never reaches
+ * past it), a row hinted at distance d was hinted at every distance below
+ * d as well, and the rows themselves arrive as with msv_consume.
+ */
+struct ahead {
+    struct msv_consumer    k;
+    struct hx_cursor       cur;
+    long                   got;
+    uint64_t               calls;           /* rows handed so far */
+    uint32_t               mask[16];        /* by call index % 16 */
+    const struct msv_row  *at[16][MSV_CONSUME_AHEAD + 1];
+    uint64_t               hints, full, bad;
+};
+
+static void
+ahead_hint(void *ud, const struct msv_row *w, unsigned d)
+{
+    uint32_t       i;
+    struct ahead  *a = ud;
+
+    if (d < 1 || d > MSV_CONSUME_AHEAD) {
+        a->bad++;
+        return;
+    }
+    i = (uint32_t) ((a->calls + d) % 16);
+    a->mask[i] |= 1u << (d - 1);
+    a->at[i][d] = w;
+    a->hints++;
+}
+
+static int
+ahead_row(void *ud, uint64_t seq, const struct msv_row *w)
+{
+    uint32_t       i, d, m;
+    struct ahead  *a = ud;
+
+    i = (uint32_t) (a->calls % 16);
+    m = a->mask[i];
+    for (d = 1; d <= MSV_CONSUME_AHEAD; d++) {
+        if ((m & (1u << (d - 1))) && a->at[i][d] != w) {
+            a->bad++;
+        }
+    }
+    if ((m & (m + 1)) != 0) {
+        a->bad++;       /* distances with a gap */
+    }
+    if (m == (1u << MSV_CONSUME_AHEAD) - 1) {
+        a->full++;
+    }
+    a->mask[i] = 0;
+    a->calls++;
+    return hx_on_row(&a->cur, seq, w);
+}
+
+/* the producer's wait: consume (mid-step publication) */
+static int
+ahead_wait(void *ud, uint64_t waited_ns)
+{
+    long           n;
+    struct ahead  *a = ud;
+
+    n = msv_consume_ahead(&a->k, ahead_row, ahead_hint, a);
+    if (n < 0) {
+        return -1;
+    }
+    a->got += n;
+    return waited_ns > 5000000000ULL ? -1 : 0;
+}
+
+static void
+test_ahead(void)
+{
+    char               name[64];
+    long               n;
+    uint64_t           seq, steps = 400, rows;
+    struct hw          w;
+    struct ahead       a;
+    struct msv_layout  lay;
+
+    hx_name(name, sizeof(name), "ahead");
+    layout(&lay, VOCAB_S, MAXLP_S, RING_S);
+    if (!tap_ok(hw_start(&w, name, &lay) == 0, "ahead: region created")) {
+        return;
+    }
+
+    memset(&a, 0, sizeof(a));
+    tap_ok(hw_self_attach(&w, 0, &a.k) == 0, "ahead: reader admitted");
+    a.cur.seq = 1;
+    a.cur.last_seq = steps;
+    a.cur.vocab = VOCAB_S;
+    a.cur.max_lp = MAXLP_S;
+    w.p.wait = ahead_wait;
+    w.p.wait_ud = &a;
+
+    rows = 0;
+    for (seq = 1; seq <= steps; seq++) {
+        if (hx_rows_in(seq) > 100) {
+            continue;       /* no step larger than the ring here */
+        }
+        a.cur.seq = seq;
+        if (hx_produce(&w.p, seq, VOCAB_S, MAXLP_S) != 0) {
+            break;
+        }
+        rows += hx_rows_in(seq);
+        n = msv_consume_ahead(&a.k, ahead_row, ahead_hint, &a);
+        if (n < 0) {
+            break;
+        }
+        a.got += n;
+    }
+
+    tap_ok(seq == steps + 1 && !a.cur.bad && (uint64_t) a.got == rows
+           && a.calls == rows,
+           "ahead: %llu rows handed in order, each verified%s%s",
+           (unsigned long long) rows, a.cur.bad ? ": " : "", a.cur.why);
+    tap_ok(a.bad == 0 && a.hints > 3 * rows && a.full > rows / 2,
+           "ahead: %llu hints, each for the row handed that many rows "
+           "later, no distance skipped; %llu rows hinted at every "
+           "distance (%llu wrong)", (unsigned long long) a.hints,
+           (unsigned long long) a.full, (unsigned long long) a.bad);
+
+    hw_close(&w);
+    msv_region_unlink(name);
+}
+
+
 /* Rows of chosen shapes, checked by an explicit table. */
 struct table {
     uint64_t        seq;
@@ -1276,6 +1404,7 @@ main(void)
     alarm(120);
 
     test_wrap_random();
+    test_ahead();
     test_split_and_pad();
     test_reserve_limits();
     test_corruption();
