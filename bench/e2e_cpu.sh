@@ -104,7 +104,7 @@ stop() {
 }
 
 cleanup() {
-    trap - EXIT INT TERM
+    trap - EXIT HUP INT PIPE TERM
     stop "$nginx_pid" QUIT
     stop "$worker_pid" TERM
     stop "$redis_pid" TERM
@@ -116,7 +116,9 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-trap 'exit 1' INT TERM
+# a reader of the output that went away (| grep -m1, | head) ends the run
+# too, and the stack with it
+trap 'exit 1' HUP INT PIPE TERM
 
 fail() {
     keep_logs=1
