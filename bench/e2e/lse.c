@@ -114,40 +114,64 @@ msv_lanes_avx2(size_t left)
 }
 
 
-__attribute__((target("avx2,fma")))
-static double
-msv_lse_f64_avx2(const double *x, size_t n)
+/* four elements from x + i as doubles: float32 (f32) or float64 */
+__attribute__((target("avx2,fma"), always_inline))
+static inline __m256d
+msv_load4_avx2(const void *x, size_t i, int f32)
+{
+    return f32 ? _mm256_cvtps_pd(_mm_loadu_ps((const float *) x + i))
+               : _mm256_loadu_pd((const double *) x + i);
+}
+
+
+/* the elements at x + i of lanes, zeros in the others */
+__attribute__((target("avx2,fma"), always_inline))
+static inline __m256d
+msv_load_lanes_avx2(const void *x, size_t i, __m256i lanes, int f32)
+{
+    if (!f32) {
+        return _mm256_maskload_pd((const double *) x + i, lanes);
+    }
+    /* a 32-bit lane mask from the low halves of the 64-bit one */
+    return _mm256_cvtps_pd(_mm_maskload_ps((const float *) x + i,
+               _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(lanes,
+                   _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)))));
+}
+
+
+/*
+ * The sum for either width, below a maximum m already found: one body,
+ * inlined into each width's function with f32 a constant, so that each
+ * keeps its own loads and nothing else differs.
+ */
+__attribute__((target("avx2,fma"), always_inline))
+static inline double
+msv_lse_avx2_of(const void *x, size_t n, double m, int f32)
 {
     size_t   i;
-    double   m;
     __m256d  vm, s0, s1, s2, s3, v;
     __m256i  lanes;
-
-    m = msv_lse_max_f64(x, n);
-    if (m == -INFINITY) {
-        return -INFINITY;
-    }
 
     vm = _mm256_set1_pd(m);
     s0 = s1 = s2 = s3 = _mm256_setzero_pd();
 
     for (i = 0; i + 16 <= n; i += 16) {
         s0 = _mm256_add_pd(s0, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_loadu_pd(x + i), vm)));
+                 msv_load4_avx2(x, i, f32), vm)));
         s1 = _mm256_add_pd(s1, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_loadu_pd(x + i + 4), vm)));
+                 msv_load4_avx2(x, i + 4, f32), vm)));
         s2 = _mm256_add_pd(s2, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_loadu_pd(x + i + 8), vm)));
+                 msv_load4_avx2(x, i + 8, f32), vm)));
         s3 = _mm256_add_pd(s3, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_loadu_pd(x + i + 12), vm)));
+                 msv_load4_avx2(x, i + 12, f32), vm)));
     }
     for ( /* void */ ; i + 4 <= n; i += 4) {
         s0 = _mm256_add_pd(s0, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_loadu_pd(x + i), vm)));
+                 msv_load4_avx2(x, i, f32), vm)));
     }
     if (i < n) {
         lanes = msv_lanes_avx2(n - i);
-        v = _mm256_maskload_pd(x + i, lanes);
+        v = msv_load_lanes_avx2(x, i, lanes, f32);
         v = msv_exp4_avx2(_mm256_sub_pd(v, vm));
         s1 = _mm256_add_pd(s1, _mm256_and_pd(v, _mm256_castsi256_pd(lanes)));
     }
@@ -159,46 +183,21 @@ msv_lse_f64_avx2(const double *x, size_t n)
 
 __attribute__((target("avx2,fma")))
 static double
+msv_lse_f64_avx2(const double *x, size_t n)
+{
+    double  m = msv_lse_max_f64(x, n);
+
+    return m == -INFINITY ? -INFINITY : msv_lse_avx2_of(x, n, m, 0);
+}
+
+
+__attribute__((target("avx2,fma")))
+static double
 msv_lse_f32_avx2(const float *x, size_t n)
 {
-    size_t   i;
-    double   m;
-    __m256d  vm, s0, s1, s2, s3, v;
-    __m256i  lanes;
+    double  m = msv_lse_max_f32(x, n);
 
-    m = msv_lse_max_f32(x, n);
-    if (m == -INFINITY) {
-        return -INFINITY;
-    }
-
-    vm = _mm256_set1_pd(m);
-    s0 = s1 = s2 = s3 = _mm256_setzero_pd();
-
-    for (i = 0; i + 16 <= n; i += 16) {
-        s0 = _mm256_add_pd(s0, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_cvtps_pd(_mm_loadu_ps(x + i)), vm)));
-        s1 = _mm256_add_pd(s1, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)), vm)));
-        s2 = _mm256_add_pd(s2, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)), vm)));
-        s3 = _mm256_add_pd(s3, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12)), vm)));
-    }
-    for ( /* void */ ; i + 4 <= n; i += 4) {
-        s0 = _mm256_add_pd(s0, msv_exp4_avx2(_mm256_sub_pd(
-                 _mm256_cvtps_pd(_mm_loadu_ps(x + i)), vm)));
-    }
-    if (i < n) {
-        lanes = msv_lanes_avx2(n - i);
-        v = _mm256_cvtps_pd(_mm_maskload_ps(x + i,
-                _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(lanes,
-                    _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)))));
-        v = msv_exp4_avx2(_mm256_sub_pd(v, vm));
-        s1 = _mm256_add_pd(s1, _mm256_and_pd(v, _mm256_castsi256_pd(lanes)));
-    }
-
-    s0 = _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3));
-    return m + log(msv_hsum_avx2(s0));
+    return m == -INFINITY ? -INFINITY : msv_lse_avx2_of(x, n, m, 1);
 }
 
 
