@@ -36,6 +36,17 @@
 #define MAX_LP   16
 #define LP_TOL   2e-6
 
+#ifndef MSV_HAVE_CUDA
+
+int
+main(void)
+{
+    printf("1..0 # SKIP built without CUDA\n");
+    return 0;
+}
+
+#else
+
 static uint64_t  rng = 0x9e3779b97f4a7c15ULL;
 
 static double
@@ -53,17 +64,6 @@ gauss(void)
     return sqrt(-2.0 * log(unif())) * cos(6.283185307179586 * unif());
 }
 
-
-#ifndef MSV_HAVE_CUDA
-
-int
-main(void)
-{
-    printf("1..0 # SKIP built without CUDA\n");
-    return 0;
-}
-
-#else
 
 struct row {
     struct msv_params  p;
