@@ -101,6 +101,7 @@ struct inproc {
     struct msv_consumer  k;
     struct hx_cursor     cur;
     msv_row_fn           fn;        /* hx_on_row on cur, or another */
+    msv_hint_fn          hint;      /* NULL: plain msv_consume */
     void                *ud;
     int                  calls;
     long                 consumed_in_wait;
@@ -115,7 +116,7 @@ inproc_wait(void *ud, uint64_t waited_ns)
     struct inproc  *ip = ud;
 
     ip->calls++;
-    n = msv_consume(&ip->k, ip->fn, ip->ud);
+    n = msv_consume_ahead(&ip->k, ip->fn, ip->hint, ip->ud);
     if (n < 0) {
         return -1;
     }
@@ -188,9 +189,7 @@ test_wrap_random(void)
  * d as well, and the rows themselves arrive as with msv_consume.
  */
 struct ahead {
-    struct msv_consumer    k;
     struct hx_cursor       cur;
-    long                   got;
     uint64_t               calls;           /* rows handed so far */
     uint32_t               mask[16];        /* by call index % 16 */
     const struct msv_row  *at[16][MSV_CONSUME_AHEAD + 1];
@@ -237,29 +236,15 @@ ahead_row(void *ud, uint64_t seq, const struct msv_row *w)
     return hx_on_row(&a->cur, seq, w);
 }
 
-/* the producer's wait: consume (mid-step publication) */
-static int
-ahead_wait(void *ud, uint64_t waited_ns)
-{
-    long           n;
-    struct ahead  *a = ud;
-
-    n = msv_consume_ahead(&a->k, ahead_row, ahead_hint, a);
-    if (n < 0) {
-        return -1;
-    }
-    a->got += n;
-    return waited_ns > 5000000000ULL ? -1 : 0;
-}
-
 static void
 test_ahead(void)
 {
     char               name[64];
-    long               n;
+    long               n, got;
     uint64_t           seq, steps = 400, rows;
     struct hw          w;
     struct ahead       a;
+    struct inproc      ip;
     struct msv_layout  lay;
 
     hx_name(name, sizeof(name), "ahead");
@@ -269,14 +254,19 @@ test_ahead(void)
     }
 
     memset(&a, 0, sizeof(a));
-    tap_ok(hw_self_attach(&w, 0, &a.k) == 0, "ahead: reader admitted");
+    memset(&ip, 0, sizeof(ip));
+    tap_ok(hw_self_attach(&w, 0, &ip.k) == 0, "ahead: reader admitted");
     a.cur.seq = 1;
     a.cur.last_seq = steps;
     a.cur.vocab = VOCAB_S;
     a.cur.max_lp = MAXLP_S;
-    w.p.wait = ahead_wait;
-    w.p.wait_ud = &a;
+    ip.fn = ahead_row;
+    ip.hint = ahead_hint;
+    ip.ud = &a;
+    w.p.wait = inproc_wait;
+    w.p.wait_ud = &ip;
 
+    got = 0;
     rows = 0;
     for (seq = 1; seq <= steps; seq++) {
         if (hx_rows_in(seq) > 100) {
@@ -287,14 +277,15 @@ test_ahead(void)
             break;
         }
         rows += hx_rows_in(seq);
-        n = msv_consume_ahead(&a.k, ahead_row, ahead_hint, &a);
+        n = msv_consume_ahead(&ip.k, ahead_row, ahead_hint, &a);
         if (n < 0) {
             break;
         }
-        a.got += n;
+        got += n;
     }
+    got += ip.consumed_in_wait;
 
-    tap_ok(seq == steps + 1 && !a.cur.bad && (uint64_t) a.got == rows
+    tap_ok(seq == steps + 1 && !a.cur.bad && (uint64_t) got == rows
            && a.calls == rows,
            "ahead: %llu rows handed in order, each verified%s%s",
            (unsigned long long) rows, a.cur.bad ? ": " : "", a.cur.why);
