@@ -13,10 +13,12 @@
  */
 #include <cstdio>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 #include <algorithm>
 #include <cuda_runtime.h>
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); return 1; } } while (0)
+/* every CUDA call checked; a failure ends the run (also inside the timing lambda) */
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "kv_read_rate: %s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 __global__ void seq_read(const uint4 *p, size_t n, uint32_t *out) {
     uint32_t acc = 0;
@@ -42,9 +44,9 @@ __global__ void kv_read(const uint4 *k, const uint4 *v, int npg, int heads_inner
 int main() {
     size_t bytes = (size_t) 4 << 30; uint4 *buf; uint32_t *o;
     CK(cudaMalloc(&buf, bytes)); CK(cudaMalloc(&o, 4)); CK(cudaMemset(buf, 0x5a, bytes));
-    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    auto med = [&](auto fn) { std::vector<float> ms; for (int r = 0; r < 12; r++) { cudaEventRecord(a); fn(); cudaEventRecord(b); cudaEventSynchronize(b); float m; cudaEventElapsedTime(&m, a, b); ms.push_back(m); } std::sort(ms.begin(), ms.end()); return ms[6]; };
-    int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+    auto med = [&](auto fn) { std::vector<float> ms; for (int r = 0; r < 12; r++) { CK(cudaEventRecord(a)); fn(); CK(cudaGetLastError()); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b)); float m; CK(cudaEventElapsedTime(&m, a, b)); ms.push_back(m); } std::sort(ms.begin(), ms.end()); return ms[6]; };
+    int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     float m = med([&] { seq_read<<<sms * 8, 512>>>(buf, bytes / 16, o); });
     CK(cudaGetLastError());
     printf("sequential read %.3f ms %.3f TB/s\n", m, bytes / m / 1e9);
