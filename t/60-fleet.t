@@ -483,11 +483,17 @@ my %key_of;    # host -> an affinity key that lands there
 # reply timeout
 {
     kill 'STOP', $rd->{redis_pid};
-    ok(MsvTest::wait_for(sub { (fhealth() // {})->{redis} eq 'down' }, 6),
-       'front: Redis down');
+    # each of the front's nginx workers has its own Redis connection and
+    # notices the freeze on its own next command; a read answers from
+    # either worker: six in a row saying down, each worker has noticed
+    ok(MsvTest::wait_for(sub {
+           !grep { ((fhealth() // {})->{redis} // '') ne 'down' } 1 .. 6
+       }, 8), 'front: Redis down, in every worker');
     my @st = map { call($f, req("no-redis-$_", 3))->{status} } 1 .. 4;
     is_deeply(\@st, [200, 200, 200, 200], 'generation goes on through the front');
-    my $hl = fhealth();
+    my $hl;
+    ok(MsvTest::wait_for(sub { $hl = fhealth(); ($hl->{redis} // '') eq 'down' }, 4),
+       'health still says Redis down');
     is(hstate($hl, 'gpu-a') . ' ' . hstate($hl, 'gpu-b'), 'up up',
        'both hosts still up (no staleness while Redis is away)');
     is($hl->{status}, 'degraded', 'status degraded');
