@@ -1139,10 +1139,19 @@ msv_attn_mma_fits(const struct msv_attn_args *a)
  * holds at head_dim 128 (NST x 8.5 KB a warp), registers allowing. */
 #define MSV_ATTN_WALK_MINB(NST)  ((NST) == 2 ? 12 : (NST) == 3 ? 8 : 6)
 
+/* A stage's rows: unpadded and swizzled from head_dim 64 up (16-byte
+ * word w of row j stored at word w ^ (j & 7)), padded by 8 elements below
+ * (rows of 32 or 64 bytes, too short to swizzle over 8 words).  Padded
+ * rows of 272 bytes made each 512-byte cp.async pass of the warp ask L2
+ * for 24 sectors, not 16 (Nsight Compute, bench/results/engine.md). */
+#define MSV_ATTN_WALK_SWIZZLE(HD)  ((HD) >= 64)
+#define MSV_ATTN_WALK_RS(HD)       (MSV_ATTN_WALK_SWIZZLE(HD) ? (HD) : (HD) + 8)
+
 static size_t
 msv_attn_walk_smem(uint32_t hd, uint32_t nst)
 {
-    return (size_t) nst * 2 * MSV_KV_BLOCK * (hd + 8) * sizeof(__nv_bfloat16);
+    return (size_t) nst * 2 * MSV_KV_BLOCK * MSV_ATTN_WALK_RS(hd)
+           * sizeof(__nv_bfloat16);
 }
 
 template <int HD, int NST>
@@ -1150,7 +1159,8 @@ static __global__ void __launch_bounds__(32, MSV_ATTN_WALK_MINB(NST))
 attention_walk_kernel(struct msv_attn_args a, uint32_t S)
 {
     extern __shared__ uint4   smw[];
-    const uint32_t            RS = HD + 8;     /* row stride, elements */
+    const bool                SW = MSV_ATTN_WALK_SWIZZLE(HD);
+    const uint32_t            RS = MSV_ATTN_WALK_RS(HD);  /* row stride */
     const uint32_t            SB = 2 * MSV_KV_BLOCK * RS;  /* a stage */
     __nv_bfloat16            *sm, *kt, *vt;
     const float              *qp;
@@ -1159,7 +1169,7 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
                               pbase,
                               key0, nk, d, c, row, i, ks, nt, hr;
     int                       three;
-    int32_t                   poff, pid;
+    int32_t                   poff, pid, ts;
     float                     sc[2][4], o[HD / 8][4], A[HD / 4], x[4], hi,
                               lo, v[4], mx, mn, f, l, mr, lr, mt, lt, fa, fb;
     size_t                    wp;
@@ -1174,20 +1184,26 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     r = lane >> 2;
     q = lane & 3;
 
+    /* the token's position and sequence in one round trip (the page
+     * offset, the page table and the first fetch each wait for the one
+     * before: a quarter of the kernel's stall samples were here) */
     nkeys = (uint32_t) a.kv.pos[t] + 1;
+    ts = a.kv.tok_seq[t];
     ns = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_ATTN_SPLIT);
     if (blockIdx.z >= ns) {
         return;
     }
 
     sm = (__nv_bfloat16 *) smw;
-    poff = a.kv.page_off[a.kv.tok_seq[t]];
+    poff = a.kv.page_off[ts];
 
     /* a page's K (and V) rows are 16-byte words, HD / 8 a row: lane l
      * copies word l % (HD / 8) of rows l / (HD / 8) + FROWS c, c <
      * FPASS, so every address is the lane's first plus a constant (a
      * loop from the lane's word index, trip count unknown to the
-     * compiler, spent about 12 instructions a copy) */
+     * compiler, spent about 12 instructions a copy); swizzled, row
+     * frow + FROWS c has (row & 7) = frow ^ ((FROWS c) & 7), FROWS being
+     * a power of two above frow, so the word is fsw ^ a constant */
     const uint32_t  FROWS = 32 / (HD / 8);
     const uint32_t  FPASS = MSV_KV_BLOCK / FROWS;
     static_assert(HD % 8 == 0 && 32 % (HD / 8) == 0
@@ -1195,6 +1211,7 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
                   "a page's words in whole passes of the warp");
     const uint32_t  frow = lane / (HD / 8);
     const uint32_t  fcol = (lane % (HD / 8)) * 8;
+    const uint32_t  fsw = (lane % (HD / 8)) ^ (frow & 7);
 
     /* page PG (of the token's pages) into stage STAGE; one group a call,
      * empty past the block's last page; the words of rows past the
@@ -1220,16 +1237,19 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
                 (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
             const __nv_bfloat16  *vg_ =                                      \
                 (const __nv_bfloat16 *) a.kv.v_cache + b_;                   \
-            kt_ += frow * RS + fcol;                                         \
-            vt_ += frow * RS + fcol;                                         \
+            kt_ += frow * RS;                                                \
+            vt_ += frow * RS;                                                \
             kg_ += frow * HD + fcol;                                         \
             vg_ += frow * HD + fcol;                                         \
             _Pragma("unroll")                                                \
             for (c = 0; c < FPASS; c++) {                                    \
+                uint32_t  so_ = c * FROWS * RS                               \
+                                + (SW ? (fsw ^ ((c * FROWS) & 7)) * 8        \
+                                      : fcol);                               \
                 row = frow + c * FROWS;                                      \
-                msv_cp_async16(kt_ + c * FROWS * RS, kg_ + c * FROWS * HD,   \
+                msv_cp_async16(kt_ + so_, kg_ + c * FROWS * HD,              \
                                row < nk_ ? 16u : 0u);                        \
-                msv_cp_async16(vt_ + c * FROWS * RS, vg_ + c * FROWS * HD,   \
+                msv_cp_async16(vt_ + so_, vg_ + c * FROWS * HD,              \
                                row < nk_ ? 16u : 0u);                        \
             }                                                                \
         }                                                                    \
@@ -1253,6 +1273,13 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     for (i = 0; i < NST - 1; i++) {
         MSV_ATTN_WALK_FETCH(pg + i, (pg + i) % NST);
     }
+
+    /* the ldmatrix rows: K's (lane >> 4) 8 + (lane & 7), word 2 ks +
+     * ((lane >> 3) & 1); V's ((lane >> 3) & 1) 8 + (lane & 7), word 2 nt +
+     * (lane >> 4); swizzled, the lane's part of the word is XORed with
+     * its row's (lane & 7), 2 ks and 2 nt having a zero low bit */
+    const uint32_t  kw = SW ? ((lane >> 3) & 1) ^ (lane & 7) : (lane >> 3) & 1;
+    const uint32_t  vw = SW ? (lane >> 4) ^ (lane & 7) : lane >> 4;
 
     three = ng <= 4;
     hr = three ? (r & 3) : r;
@@ -1326,7 +1353,8 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
 #pragma unroll
             for (ks = 0; ks < HD / 16; ks++) {
                 msv_ldmatrix_x4(fr, kt + ((lane >> 4) * 8 + (lane & 7)) * RS
-                                       + ks * 16 + ((lane >> 3) & 1) * 8);
+                                       + (SW ? ((2 * ks) ^ kw) : 2 * ks + kw)
+                                         * 8);
                 msv_mma_bf16(sc[0], qa[ks], fr[0], fr[1]);
                 msv_mma_bf16(sc[1], qa[ks], fr[2], fr[3]);
             }
@@ -1395,7 +1423,8 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
             for (nt = 0; nt < HD / 16; nt++) {
                 msv_ldmatrix_x4_trans(fr, vt + (((lane >> 3) & 1) * 8
                                                 + (lane & 7)) * RS
-                                             + nt * 16 + (lane >> 4) * 8);
+                                             + (SW ? ((2 * nt) ^ vw)
+                                                   : 2 * nt + vw) * 8);
                 msv_mma_bf16(o[2 * nt], pa, fr[0], fr[1]);
                 msv_mma_bf16(o[2 * nt + 1], pa, fr[2], fr[3]);
             }
