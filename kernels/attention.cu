@@ -1107,9 +1107,11 @@ msv_attn_mma_fits(const struct msv_attn_args *a)
 
 
 /*
- * The decode form on the tensor cores: one warp a block per (token, kv
- * head), per (token, kv head, split) in the parallel form.  The warp
- * walks its token's pages one after another, the next NST - 1 pages in
+ * The decode form on the tensor cores: one warp a block per (kv head,
+ * every gridDim.x-th token from blockIdx.x), as many blocks as the GPU
+ * holds at once (serial form), or per (token, kv head, split) (parallel
+ * form).  The warp walks its tokens' pages one after another, a token's
+ * result the same whichever block walks it, the next NST - 1 pages in
  * flight while this one computes (cp.async of their K and V rows, bf16 as
  * stored, into NST stages of shared memory, rows past the sequence
  * zero-filled), and keeps the split's softmax state in registers:
@@ -1162,21 +1164,23 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     const bool                SW = MSV_ATTN_WALK_SWIZZLE(HD);
     const uint32_t            RS = MSV_ATTN_WALK_RS(HD);  /* row stride */
     const uint32_t            SB = 2 * MSV_KV_BLOCK * RS;  /* a stage */
+    const uint32_t            PPS = MSV_ATTN_SPLIT / MSV_KV_BLOCK;
     __nv_bfloat16            *sm, *kt, *vt;
     const float              *qp;
     uint32_t                  qa[HD / 16][4], pa[4], fr[4], t, kvh, ng, h0,
-                              lane, r, q, nkeys, ns, s, pg, npg, pe, pend,
-                              pbase,
-                              key0, nk, d, c, row, i, ks, nt, hr;
-    int                       three;
-    int32_t                   poff, pid, ts;
+                              lane, r, q, nkeys, ns, s, pg, pe, key0, nk, d,
+                              c, row, i, ks, nt, hr, cx, gk, gf, cn_t, cn_n,
+                              fpg, fpend, fnk, fpbase, fnx, fnt, fnn, fnpend;
+    int                       three, fpf;
+    int32_t                   fpoff, fpid, fnts, fnpoff, fnpid;
     float                     sc[2][4], o[HD / 8][4], A[HD / 4], x[4], hi,
                               lo, v[4], mx, mn, f, l, mr, lr, mt, lt, fa, fb;
     size_t                    wp;
 
-    msv_grid_wait();
-    msv_grid_release();
-    t = a.rest != NULL ? (uint32_t) a.rest[blockIdx.x] : blockIdx.x;
+    /* the block's tasks: in the serial form tokens blockIdx.x, + gridDim.x,
+     * ... of the walk_n (one a block in the parallel form) */
+    cx = blockIdx.x;
+    t = a.rest != NULL ? (uint32_t) a.rest[cx] : cx;
     kvh = blockIdx.y;
     ng = a.n_heads / a.n_kv_heads;
     h0 = kvh * ng;
@@ -1186,16 +1190,19 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
 
     /* the token's position and sequence in one round trip (the page
      * offset, the page table and the first fetch each wait for the one
-     * before: a quarter of the kernel's stall samples were here) */
+     * before: a quarter of the kernel's stall samples were here); these
+     * and the page table are the batch's, copied before the step's first
+     * kernel and written by none, so they are read before the grid wait:
+     * launched programmatically, the block reads them while the kernel
+     * ahead (q/k norm + RoPE, which writes q and the new K/V) drains */
     nkeys = (uint32_t) a.kv.pos[t] + 1;
-    ts = a.kv.tok_seq[t];
+    fnts = a.kv.tok_seq[t];
     ns = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_ATTN_SPLIT);
     if (blockIdx.z >= ns) {
         return;
     }
 
     sm = (__nv_bfloat16 *) smw;
-    poff = a.kv.page_off[ts];
 
     /* a page's K (and V) rows are 16-byte words, HD / 8 a row: lane l
      * copies word l % (HD / 8) of rows l / (HD / 8) + FROWS c, c <
@@ -1213,25 +1220,53 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     const uint32_t  fcol = (lane % (HD / 8)) * 8;
     const uint32_t  fsw = (lane % (HD / 8)) ^ (frow & 7);
 
-    /* page PG (of the token's pages) into stage STAGE; one group a call,
-     * empty past the block's last page; the words of rows past the
-     * sequence are zero-filled (no bytes read; the address stays inside
-     * the page) */
-#define MSV_ATTN_WALK_FETCH(PG, STAGE)                                       \
+    /*
+     * The fetch cursor runs NST - 1 pages ahead of the arithmetic, over
+     * the block's pages in the order they are used: the split's in the
+     * parallel form; in the serial form every page of the token, then
+     * every page of the block's next token, so a block's later tokens
+     * start with their first pages already in flight.  Page fpg (of
+     * fpend) of the task whose position count is fnk, page table at
+     * fpoff, its ids fpbase + l in lane l.  The next task's position,
+     * page-table offset and first 32 page ids are read one level an
+     * iteration while the pages before it are used (fpf: the levels
+     * done, 3 all; -1 no next task), so that none waits when the cursor
+     * reaches it.  Page k of the sequence goes to stage k % NST (gf
+     * pages fetched so far, gk used), one commit group a page (an empty
+     * one past the last).
+     */
+#define MSV_ATTN_WALK_NEXT_LEVEL()                                           \
     do {                                                                     \
-        uint32_t  k0_ = (PG) * MSV_KV_BLOCK;                                 \
-        if ((PG) < pend) {                                                   \
-            uint32_t  nk_ = min((uint32_t) MSV_KV_BLOCK, nkeys - k0_);       \
+        if (fpf == 0) {                                                      \
+            fnt = a.rest != NULL ? (uint32_t) a.rest[fnx] : fnx;             \
+            fnn = (uint32_t) a.kv.pos[fnt] + 1;                              \
+            fnts = a.kv.tok_seq[fnt];                                        \
+            fpf = 1;                                                         \
+        } else if (fpf == 1) {                                               \
+            fnpoff = a.kv.page_off[fnts];                                    \
+            fnpend = MSV_CEIL_DIV(fnn, (uint32_t) MSV_KV_BLOCK);             \
+            fpf = 2;                                                         \
+        } else if (fpf == 2) {                                               \
+            fnpid = lane < fnpend ? a.kv.pages[fnpoff + lane] : 0;           \
+            fpf = 3;                                                         \
+        }                                                                    \
+    } while (0)
+
+#define MSV_ATTN_WALK_FETCH()                                                \
+    do {                                                                     \
+        if (fpg < fpend) {                                                   \
+            uint32_t  nk_ = min((uint32_t) MSV_KV_BLOCK,                     \
+                                fnk - fpg * MSV_KV_BLOCK);                   \
             int32_t   pg_;                                                   \
-            if ((PG) >= pbase + 32) {                                        \
-                pbase += 32;                                                 \
-                pid = pbase + lane < pend ? a.kv.pages[poff + pbase + lane]  \
-                                          : 0;                               \
+            if (fpg >= fpbase + 32) {                                        \
+                fpbase += 32;                                                \
+                fpid = fpbase + lane < fpend                                 \
+                       ? a.kv.pages[fpoff + fpbase + lane] : 0;              \
             }                                                                \
-            pg_ = __shfl_sync(0xffffffffu, pid, (PG) - pbase);               \
+            pg_ = __shfl_sync(0xffffffffu, fpid, fpg - fpbase);              \
             size_t    b_ = ((size_t) pg_ * a.n_kv_heads + kvh)               \
                            * MSV_KV_BLOCK * HD;                              \
-            __nv_bfloat16  *kt_ = sm + (size_t) (STAGE) * SB;                \
+            __nv_bfloat16  *kt_ = sm + (size_t) (gf % NST) * SB;             \
             __nv_bfloat16  *vt_ = kt_ + MSV_KV_BLOCK * RS;                   \
             const __nv_bfloat16  *kg_ =                                      \
                 (const __nv_bfloat16 *) a.kv.k_cache + b_;                   \
@@ -1252,28 +1287,60 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
                 msv_cp_async16(vt_ + so_, vg_ + c * FROWS * HD,              \
                                row < nk_ ? 16u : 0u);                        \
             }                                                                \
+            if (++fpg == fpend && fpf >= 0) {                                \
+                while (fpf < 3) {                                            \
+                    MSV_ATTN_WALK_NEXT_LEVEL();                              \
+                }                                                            \
+                fnk = fnn;                                                   \
+                fpend = fnpend;                                              \
+                fpoff = fnpoff;                                              \
+                fpid = fnpid;                                                \
+                fpbase = 0;                                                  \
+                fpg = 0;                                                     \
+                fnx += gridDim.x;                                            \
+                fpf = fnx < a.walk_n ? 0 : -1;                               \
+            }                                                                \
         }                                                                    \
         msv_cp_async_commit();                                               \
+        gf++;                                                                \
     } while (0)
 
-    /* the block's pages are consecutive: all the token's in the serial
-     * form, its split's in the parallel form; NST - 1 of them in flight,
-     * the first ones before q is read */
+    /* the first task's pages: all the token's in the serial form, its
+     * split's in the parallel form */
     s = blockIdx.z;
-    pg = s * (MSV_ATTN_SPLIT / MSV_KV_BLOCK);
-    pend = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_KV_BLOCK);
+    pg = s * PPS;
+    fnk = nkeys;
+    fpg = pg;
+    fpend = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_KV_BLOCK);
     if (gridDim.z > 1) {
-        pend = min(pend, pg + MSV_ATTN_SPLIT / MSV_KV_BLOCK);
+        fpend = min(fpend, pg + PPS);
     }
-    /* the page table 32 entries at a time, entry pbase + l in lane l: a
-     * fetch's address is a shuffle, not a load it must wait for */
-    pbase = pg;
-    pid = pg + lane < pend ? a.kv.pages[poff + pg + lane] : 0;
+    fpoff = a.kv.page_off[fnts];
+    fpbase = pg;
+    fpid = pg + lane < fpend ? a.kv.pages[fpoff + pg + lane] : 0;
+    fnx = cx + gridDim.x;
+    fpf = gridDim.z == 1 && fnx < a.walk_n ? 0 : -1;
+    fnt = fnn = fnpend = 0;
+    fnpoff = fnpid = 0;
+    /* the compute's next token, read while this one is walked */
+    cn_t = cn_n = 0;
+    if (gridDim.z == 1 && cx + gridDim.x < a.walk_n) {
+        cn_t = a.rest != NULL ? (uint32_t) a.rest[cx + gridDim.x]
+                              : cx + gridDim.x;
+        cn_n = (uint32_t) a.kv.pos[cn_t] + 1;
+    }
+    msv_grid_wait();
+    msv_grid_release();
+
+    gf = 0;
+    gk = 0;
 #pragma unroll
     for (i = 0; i < NST - 1; i++) {
-        MSV_ATTN_WALK_FETCH(pg + i, (pg + i) % NST);
+        MSV_ATTN_WALK_FETCH();
     }
 
+    three = ng <= 4;
+    hr = three ? (r & 3) : r;
     /* the ldmatrix rows: K's (lane >> 4) 8 + (lane & 7), word 2 ks +
      * ((lane >> 3) & 1); V's ((lane >> 3) & 1) 8 + (lane & 7), word 2 nt +
      * (lane >> 4); swizzled, the lane's part of the word is XORed with
@@ -1281,202 +1348,229 @@ attention_walk_kernel(struct msv_attn_args a, uint32_t S)
     const uint32_t  kw = SW ? ((lane >> 3) & 1) ^ (lane & 7) : (lane >> 3) & 1;
     const uint32_t  vw = SW ? (lane >> 4) ^ (lane & 7) : lane >> 4;
 
-    three = ng <= 4;
-    hr = three ? (r & 3) : r;
-    qp = a.q + (size_t) t * a.q_stride + (size_t) (h0 + hr) * HD;
-#pragma unroll
-    for (ks = 0; ks < HD / 16; ks++) {
-        d = ks * 16 + 2 * q;
-        if (hr < ng) {
-            x[0] = qp[d];
-            x[1] = qp[d + 1];
-            x[2] = qp[d + 8];
-            x[3] = qp[d + 9];
-        } else {
-            x[0] = x[1] = x[2] = x[3] = 0.0f;
-        }
-#pragma unroll
-        for (i = 0; i < 4; i++) {
-            msv_split_bf16(x[i], &hi, &lo);
-            if (r >= 4 && three) {
-                x[i] = __bfloat162float(__float2bfloat16_rn(x[i] - hi - lo));
-                v[i] = 0.0f;
-            } else {
-                x[i] = hi;
-                v[i] = lo;
-            }
-        }
-        qa[ks][0] = msv_pack_bf16(x[0], x[1]);
-        qa[ks][1] = msv_pack_bf16(v[0], v[1]);
-        qa[ks][2] = msv_pack_bf16(x[2], x[3]);
-        qa[ks][3] = msv_pack_bf16(v[2], v[3]);
-    }
-
-#pragma unroll
-    for (i = 0; i < HD / 4; i++) {
-        A[i] = 0.0f;
-    }
-    mt = -INFINITY;                    /* the token's state, row r */
-    lt = 0.0f;
-
-
     for ( ;; ) {
-        /* split s: pages pg .. pe - 1 */
-        pe = min((s + 1) * (MSV_ATTN_SPLIT / MSV_KV_BLOCK),
-                 MSV_CEIL_DIV(nkeys, (uint32_t) MSV_KV_BLOCK));
-        mr = -INFINITY;
-        lr = 0.0f;
+        /* token t: q in the rows of the mma (its heads' hi, remainders) */
+        qp = a.q + (size_t) t * a.q_stride + (size_t) (h0 + hr) * HD;
 #pragma unroll
-        for (nt = 0; nt < HD / 8; nt++) {
-            o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-        }
-
-        for ( ; pg < pe; pg++) {
-            /* page pg + NST - 1 into the stage page pg - 1 used (read
-             * by every lane: the __syncwarp at the loop's end) */
-            npg = pg + NST - 1;
-            MSV_ATTN_WALK_FETCH(npg, npg % NST);
-            msv_cp_async_wait_newest<NST - 1>();
-            __syncwarp();
-
-            key0 = pg * MSV_KV_BLOCK;
-            nk = min((uint32_t) MSV_KV_BLOCK, nkeys - key0);
-            kt = sm + (size_t) (pg % NST) * SB;
-            vt = kt + MSV_KV_BLOCK * RS;
-
-            /* scores: keys 8 n + 2 q + {0, 1} of row r, tiles n = 0, 1 */
-#pragma unroll
-            for (i = 0; i < 4; i++) {
-                sc[0][i] = 0.0f;
-                sc[1][i] = 0.0f;
-            }
-#pragma unroll
-            for (ks = 0; ks < HD / 16; ks++) {
-                msv_ldmatrix_x4(fr, kt + ((lane >> 4) * 8 + (lane & 7)) * RS
-                                       + (SW ? ((2 * ks) ^ kw) : 2 * ks + kw)
-                                         * 8);
-                msv_mma_bf16(sc[0], qa[ks], fr[0], fr[1]);
-                msv_mma_bf16(sc[1], qa[ks], fr[2], fr[3]);
-            }
-            x[0] = sc[0][0] + sc[0][2];
-            x[1] = sc[0][1] + sc[0][3];
-            x[2] = sc[1][0] + sc[1][2];
-            x[3] = sc[1][1] + sc[1][3];
-            if (three) {               /* row r + 4, in lane + 16 */
-                x[0] += __shfl_xor_sync(0xffffffffu, sc[0][0], 16);
-                x[1] += __shfl_xor_sync(0xffffffffu, sc[0][1], 16);
-                x[2] += __shfl_xor_sync(0xffffffffu, sc[1][0], 16);
-                x[3] += __shfl_xor_sync(0xffffffffu, sc[1][1], 16);
+        for (ks = 0; ks < HD / 16; ks++) {
+            d = ks * 16 + 2 * q;
+            if (hr < ng) {
+                x[0] = qp[d];
+                x[1] = qp[d + 1];
+                x[2] = qp[d + 8];
+                x[3] = qp[d + 9];
+            } else {
+                x[0] = x[1] = x[2] = x[3] = 0.0f;
             }
 #pragma unroll
             for (i = 0; i < 4; i++) {
-                x[i] *= a.scale;
-            }
-            if (2 * q >= nk) {
-                x[0] = -INFINITY;
-            }
-            if (2 * q + 1 >= nk) {
-                x[1] = -INFINITY;
-            }
-            if (2 * q + 8 >= nk) {
-                x[2] = -INFINITY;
-            }
-            if (2 * q + 9 >= nk) {
-                x[3] = -INFINITY;
-            }
-            mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-
-            /* the running state to the new max (key 0 of a page is
-             * always a key: mx is finite) */
-            mn = fmaxf(mr, mx);
-            f = expf(mr - mn);         /* mr = -inf at first: f = 0 */
-            /* where no row's max moved, f is 1 in every lane and the
-             * products would change no bit: skipped */
-            if (__any_sync(0xffffffffu, mn != mr)) {
-#pragma unroll
-                for (nt = 0; nt < HD / 8; nt++) {
-                    o[nt][0] *= f;
-                    o[nt][1] *= f;
-                    o[nt][2] *= f;
-                    o[nt][3] *= f;
+                msv_split_bf16(x[i], &hi, &lo);
+                if (r >= 4 && three) {
+                    x[i] = __bfloat162float(__float2bfloat16_rn(x[i] - hi
+                                                                - lo));
+                    v[i] = 0.0f;
+                } else {
+                    x[i] = hi;
+                    v[i] = lo;
                 }
             }
-#pragma unroll
-            for (i = 0; i < 4; i++) {
-                msv_split_bf16(expf(x[i] - mn), &x[i], &v[i]);
-            }
-            l = (x[0] + v[0] + (x[1] + v[1]))
-                + (x[2] + v[2] + (x[3] + v[3]));
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            lr = __fadd_rn(__fmul_rn(lr, f), l);
-            mr = mn;
-            pa[0] = msv_pack_bf16(x[0], x[1]);
-            pa[1] = msv_pack_bf16(v[0], v[1]);
-            pa[2] = msv_pack_bf16(x[2], x[3]);
-            pa[3] = msv_pack_bf16(v[2], v[3]);
+            qa[ks][0] = msv_pack_bf16(x[0], x[1]);
+            qa[ks][1] = msv_pack_bf16(v[0], v[1]);
+            qa[ks][2] = msv_pack_bf16(x[2], x[3]);
+            qa[ks][3] = msv_pack_bf16(v[2], v[3]);
+        }
 
-            /* values: dimensions 8 n + 2 q + {0, 1} of row r */
 #pragma unroll
-            for (nt = 0; nt < HD / 16; nt++) {
-                msv_ldmatrix_x4_trans(fr, vt + (((lane >> 3) & 1) * 8
-                                                + (lane & 7)) * RS
-                                             + (SW ? ((2 * nt) ^ vw)
-                                                   : 2 * nt + vw) * 8);
-                msv_mma_bf16(o[2 * nt], pa, fr[0], fr[1]);
-                msv_mma_bf16(o[2 * nt + 1], pa, fr[2], fr[3]);
+        for (i = 0; i < HD / 4; i++) {
+            A[i] = 0.0f;
+        }
+        mt = -INFINITY;                /* the token's state, row r */
+        lt = 0.0f;
+
+        for ( ;; ) {
+            /* split s: pages pg .. pe - 1 */
+            pe = min((s + 1) * PPS,
+                     MSV_CEIL_DIV(nkeys, (uint32_t) MSV_KV_BLOCK));
+            mr = -INFINITY;
+            lr = 0.0f;
+#pragma unroll
+            for (nt = 0; nt < HD / 8; nt++) {
+                o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
             }
-            __syncwarp();              /* the stage is read: the next
+
+            for ( ; pg < pe; pg++) {
+                /* page gk + NST - 1 of the block's into the stage page
+                 * gk - 1 used (read by every lane: the __syncwarp at the
+                 * loop's end) */
+                MSV_ATTN_WALK_FETCH();
+                msv_cp_async_wait_newest<NST - 1>();
+                __syncwarp();
+
+                key0 = pg * MSV_KV_BLOCK;
+                nk = min((uint32_t) MSV_KV_BLOCK, nkeys - key0);
+                kt = sm + (size_t) (gk % NST) * SB;
+                vt = kt + MSV_KV_BLOCK * RS;
+
+                /* scores: keys 8 n + 2 q + {0, 1} of row r, tiles n = 0, 1 */
+#pragma unroll
+                for (i = 0; i < 4; i++) {
+                    sc[0][i] = 0.0f;
+                    sc[1][i] = 0.0f;
+                }
+#pragma unroll
+                for (ks = 0; ks < HD / 16; ks++) {
+                    msv_ldmatrix_x4(fr, kt + ((lane >> 4) * 8 + (lane & 7))
+                                             * RS
+                                           + (SW ? ((2 * ks) ^ kw)
+                                                 : 2 * ks + kw) * 8);
+                    msv_mma_bf16(sc[0], qa[ks], fr[0], fr[1]);
+                    msv_mma_bf16(sc[1], qa[ks], fr[2], fr[3]);
+                }
+                x[0] = sc[0][0] + sc[0][2];
+                x[1] = sc[0][1] + sc[0][3];
+                x[2] = sc[1][0] + sc[1][2];
+                x[3] = sc[1][1] + sc[1][3];
+                if (three) {           /* row r + 4, in lane + 16 */
+                    x[0] += __shfl_xor_sync(0xffffffffu, sc[0][0], 16);
+                    x[1] += __shfl_xor_sync(0xffffffffu, sc[0][1], 16);
+                    x[2] += __shfl_xor_sync(0xffffffffu, sc[1][0], 16);
+                    x[3] += __shfl_xor_sync(0xffffffffu, sc[1][1], 16);
+                }
+#pragma unroll
+                for (i = 0; i < 4; i++) {
+                    x[i] *= a.scale;
+                }
+                if (2 * q >= nk) {
+                    x[0] = -INFINITY;
+                }
+                if (2 * q + 1 >= nk) {
+                    x[1] = -INFINITY;
+                }
+                if (2 * q + 8 >= nk) {
+                    x[2] = -INFINITY;
+                }
+                if (2 * q + 9 >= nk) {
+                    x[3] = -INFINITY;
+                }
+                mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+
+                /* the running state to the new max (key 0 of a page is
+                 * always a key: mx is finite) */
+                mn = fmaxf(mr, mx);
+                f = expf(mr - mn);     /* mr = -inf at first: f = 0 */
+                /* where no row's max moved, f is 1 in every lane and
+                 * the products would change no bit: skipped */
+                if (__any_sync(0xffffffffu, mn != mr)) {
+#pragma unroll
+                    for (nt = 0; nt < HD / 8; nt++) {
+                        o[nt][0] *= f;
+                        o[nt][1] *= f;
+                        o[nt][2] *= f;
+                        o[nt][3] *= f;
+                    }
+                }
+#pragma unroll
+                for (i = 0; i < 4; i++) {
+                    msv_split_bf16(expf(x[i] - mn), &x[i], &v[i]);
+                }
+                l = (x[0] + v[0] + (x[1] + v[1]))
+                    + (x[2] + v[2] + (x[3] + v[3]));
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                lr = __fadd_rn(__fmul_rn(lr, f), l);
+                mr = mn;
+                pa[0] = msv_pack_bf16(x[0], x[1]);
+                pa[1] = msv_pack_bf16(v[0], v[1]);
+                pa[2] = msv_pack_bf16(x[2], x[3]);
+                pa[3] = msv_pack_bf16(v[2], v[3]);
+
+                /* values: dimensions 8 n + 2 q + {0, 1} of row r */
+#pragma unroll
+                for (nt = 0; nt < HD / 16; nt++) {
+                    msv_ldmatrix_x4_trans(fr, vt + (((lane >> 3) & 1) * 8
+                                                    + (lane & 7)) * RS
+                                                 + (SW ? ((2 * nt) ^ vw)
+                                                       : 2 * nt + vw) * 8);
+                    msv_mma_bf16(o[2 * nt], pa, fr[0], fr[1]);
+                    msv_mma_bf16(o[2 * nt + 1], pa, fr[2], fr[3]);
+                }
+                __syncwarp();          /* the stage is read: the next
                                           fetch may fill it */
+                gk++;
+                MSV_ATTN_WALK_NEXT_LEVEL();
+            }
+
+            /* the split's state: row r's output is rows r and r + 8 */
+            if (gridDim.z == 1) {
+                msv_attn_fold_scale(&mt, &lt, mr, lr, &fa, &fb);
+#pragma unroll
+                for (nt = 0; nt < HD / 8; nt++) {
+                    A[2 * nt] = msv_attn_fold_out(A[2 * nt],
+                                                  o[nt][0] + o[nt][2], fa,
+                                                  fb);
+                    A[2 * nt + 1] = msv_attn_fold_out(A[2 * nt + 1],
+                                                      o[nt][1] + o[nt][3],
+                                                      fa, fb);
+                }
+            } else if (r < ng) {
+                wp = (((size_t) t * a.n_heads + h0 + r) * S + s) * (HD + 2);
+#pragma unroll
+                for (nt = 0; nt < HD / 8; nt++) {
+                    *(float2 *) &a.part[wp + nt * 8 + 2 * q] =
+                        make_float2(o[nt][0] + o[nt][2],
+                                    o[nt][1] + o[nt][3]);
+                }
+                if (q == 0) {
+                    a.part[wp + HD] = mr;
+                    a.part[wp + HD + 1] = lr;
+                }
+            }
+
+            s += gridDim.z;
+            if (s >= ns) {
+                break;
+            }
+            /* pg is the next split's first page when gridDim.z is 1; in
+             * the parallel form the block has no other split */
+            pg = s * PPS;
         }
 
-        /* the split's state: row r's output is rows r and r + 8 */
-        if (gridDim.z == 1) {
-            msv_attn_fold_scale(&mt, &lt, mr, lr, &fa, &fb);
-#pragma unroll
-            for (nt = 0; nt < HD / 8; nt++) {
-                A[2 * nt] = msv_attn_fold_out(A[2 * nt],
-                                              o[nt][0] + o[nt][2], fa, fb);
-                A[2 * nt + 1] = msv_attn_fold_out(A[2 * nt + 1],
-                                                  o[nt][1] + o[nt][3],
-                                                  fa, fb);
-            }
-        } else if (r < ng) {
-            wp = (((size_t) t * a.n_heads + h0 + r) * S + s) * (HD + 2);
-#pragma unroll
-            for (nt = 0; nt < HD / 8; nt++) {
-                *(float2 *) &a.part[wp + nt * 8 + 2 * q] =
-                    make_float2(o[nt][0] + o[nt][2], o[nt][1] + o[nt][3]);
-            }
-            if (q == 0) {
-                a.part[wp + HD] = mr;
-                a.part[wp + HD + 1] = lr;
-            }
-        }
-
-        s += gridDim.z;
-        if (s >= ns) {
+        if (gridDim.z > 1) {
             break;
         }
-        /* pg is the next split's first page when gridDim.z is 1; in the
-         * parallel form the block has no other split */
-        pg = s * (MSV_ATTN_SPLIT / MSV_KV_BLOCK);
+        if (r < ng) {
+#pragma unroll
+            for (nt = 0; nt < HD / 8; nt++) {
+                d = (h0 + r) * HD + nt * 8 + 2 * q;
+                msv_store_act(a.out, a.out_fmt, a.n_tokens, t,
+                              (size_t) a.n_heads * HD, d, A[2 * nt] / lt);
+                msv_store_act(a.out, a.out_fmt, a.n_tokens, t,
+                              (size_t) a.n_heads * HD, d + 1,
+                              A[2 * nt + 1] / lt);
+            }
+        }
+
+        /* the block's next token (its first pages are in flight) */
+        cx += gridDim.x;
+        if (cx >= a.walk_n) {
+            break;
+        }
+        t = cn_t;
+        nkeys = cn_n;
+        ns = MSV_CEIL_DIV(nkeys, (uint32_t) MSV_ATTN_SPLIT);
+        s = 0;
+        pg = 0;
+        if (cx + gridDim.x < a.walk_n) {
+            cn_t = a.rest != NULL ? (uint32_t) a.rest[cx + gridDim.x]
+                                  : cx + gridDim.x;
+            cn_n = (uint32_t) a.kv.pos[cn_t] + 1;
+        }
     }
     msv_cp_async_wait_all();
 #undef MSV_ATTN_WALK_FETCH
-
-    if (gridDim.z == 1 && r < ng) {
-#pragma unroll
-        for (nt = 0; nt < HD / 8; nt++) {
-            d = (h0 + r) * HD + nt * 8 + 2 * q;
-            msv_store_act(a.out, a.out_fmt, a.n_tokens, t,
-                          (size_t) a.n_heads * HD, d, A[2 * nt] / lt);
-            msv_store_act(a.out, a.out_fmt, a.n_tokens, t,
-                          (size_t) a.n_heads * HD, d + 1, A[2 * nt + 1] / lt);
-        }
-    }
+#undef MSV_ATTN_WALK_NEXT_LEVEL
 }
 
 
@@ -1527,7 +1621,7 @@ msv_attn_launch(msv_attn_kernel_t kern, int *ready, dim3 grid,
  */
 static cudaError_t
 msv_attn_walk_stages(const struct msv_attn_args *a, uint32_t blocks,
-    const msv_attn_kernel_t *kern, int *stages)
+    const msv_attn_kernel_t *kern, int *stages, uint32_t *held)
 {
     static int   slots_hd[4][3];    /* blocks the GPU holds, 2..4 stages */
     int         *slots = slots_hd[msv_attn_hd_index(a->head_dim)];
@@ -1536,10 +1630,6 @@ msv_attn_walk_stages(const struct msv_attn_args *a, uint32_t blocks,
     double       f, fill;
     cudaError_t  e;
 
-    if (a->stages >= 2 && a->stages <= 4) {
-        *stages = a->stages;
-        return cudaSuccess;
-    }
     if (slots[0] == 0) {
         per = 0;
         e = cudaGetDevice(&dev);
@@ -1563,7 +1653,9 @@ msv_attn_walk_stages(const struct msv_attn_args *a, uint32_t blocks,
         }
     }
     best = 2;
-    if (blocks > (uint32_t) slots[0]) {
+    if (a->stages >= 2 && a->stages <= 4) {
+        best = a->stages;
+    } else if (blocks > (uint32_t) slots[0]) {
         fill = 0.0;
         for (n = 0; n < 3; n++) {
             w = MSV_CEIL_DIV(blocks, (uint32_t) slots[n]);
@@ -1575,6 +1667,7 @@ msv_attn_walk_stages(const struct msv_attn_args *a, uint32_t blocks,
         }
     }
     *stages = best;
+    *held = (uint32_t) slots[best - 2];
     return cudaSuccess;
 }
 
@@ -1595,18 +1688,34 @@ attention_mma_forward(const struct msv_attn_args *a, uint32_t n_tok,
     };
 #undef MSV_ATTN_WALK_ROW
     static int                      ready[4][3];
+    struct msv_attn_args            p;
     int                             k, nst;
+    uint32_t                        held, cols;
     dim3                            grid(n_tok, a->n_kv_heads,
                                          parallel ? S : 1);
     cudaError_t                     e;
 
     k = msv_attn_hd_index(a->head_dim);
-    e = msv_attn_walk_stages(a, grid.x * grid.y * grid.z, kern[k], &nst);
+    e = msv_attn_walk_stages(a, grid.x * grid.y * grid.z, kern[k], &nst,
+                             &held);
     if (e != cudaSuccess) {
         return e;
     }
+    /* the serial form: as many blocks as the GPU holds at once, each
+     * walking every cols-th token, the next one's pages fetched while it
+     * finishes the last (a block a token ran in two waves at batch 256,
+     * each block's first pages fetched after four dependent loads) */
+    p = *a;
+    p.walk_n = n_tok;
+    if (!parallel) {
+        cols = held / a->n_kv_heads > 0 ? held / a->n_kv_heads : 1;
+        if (a->walk_cols > 0 && a->walk_cols < cols) {
+            cols = a->walk_cols;
+        }
+        grid.x = cols < n_tok ? cols : n_tok;
+    }
     return msv_attn_launch(kern[k][nst - 2], &ready[k][nst - 2], grid, 32,
-                           msv_attn_walk_smem(a->head_dim, nst), a, S,
+                           msv_attn_walk_smem(a->head_dim, nst), &p, S,
                            stream);
 }
 

@@ -75,6 +75,13 @@ struct msv_attn_args {
     const int32_t  *rest;       /* [n_rest]: the tokens of no tile */
     uint32_t        n_rest;
     int             tiled;      /* MSV_ATTN_TILED_AUTO, _OFF, _ON */
+
+    /* the decode kernel's serial form: blocks of a kv head at most
+     * (0: as many as the GPU holds at once, each walking every
+     * walk_cols-th token; tests set a few, so that blocks walk several);
+     * walk_n is set by attention_forward (the tokens it walks) */
+    uint32_t        walk_cols;
+    uint32_t        walk_n;
 };
 
 /* Query tokens of a tile when ratio query heads share a kv head. */

@@ -362,8 +362,8 @@ static int
 msv_check_attention(struct msv_check_bufs *bufs, float *out, const float *q,
     uint32_t q_stride, uint32_t n_heads, uint32_t n_kv_heads,
     uint32_t head_dim, float scale, const struct msv_check_kv *kv, int mode,
-    int stages, int tiled, uint32_t min_run, uint32_t *n_tiles, char *err,
-    size_t errlen)
+    int stages, uint32_t walk_cols, int tiled, uint32_t min_run,
+    uint32_t *n_tiles, char *err, size_t errlen)
 {
     struct msv_attn_args  a;
     size_t                cache, out_n, part;
@@ -401,6 +401,7 @@ msv_check_attention(struct msv_check_bufs *bufs, float *out, const float *q,
     a.part_floats = part;
     a.mode = mode;
     a.stages = stages;
+    a.walk_cols = walk_cols;
     a.q = (const float *) dq;
     a.q_stride = q_stride;
     a.n_tokens = kv->n_tokens;
@@ -450,15 +451,16 @@ msv_check_attention(struct msv_check_bufs *bufs, float *out, const float *q,
 extern "C" int
 msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
     uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
-    const struct msv_check_kv *kv, int mode, int stages, int tiled,
-    uint32_t min_run, uint32_t *n_tiles, char *err, size_t errlen)
+    const struct msv_check_kv *kv, int mode, int stages, uint32_t walk_cols,
+    int tiled, uint32_t min_run, uint32_t *n_tiles, char *err, size_t errlen)
 {
     struct msv_check_bufs  bufs;
     int                    rc;
 
     bufs.n = 0;
     rc = msv_check_attention(&bufs, out, q, q_stride, n_heads, n_kv_heads,
-                             head_dim, scale, kv, mode, stages, tiled,
+                             head_dim, scale, kv, mode, stages, walk_cols,
+                             tiled,
                              min_run, n_tiles, err, errlen);
     msv_check_free(&bufs);
     return rc;

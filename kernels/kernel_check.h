@@ -66,13 +66,16 @@ int msv_cuda_run_qkv_rope(float *qkv, uint32_t n_heads, uint32_t n_kv_heads,
 /* out [n_tokens][n_heads head_dim]; q rows q_stride floats apart; mode
  * MSV_CHECK_ATTN_*: the serial and the parallel (split + merge) forms
  * must agree bit for bit; stages: the tensor-core decode kernel's K/V
- * stages (2, 3, 4; 0: chosen by the grid), the same bits whichever.  tiled MSV_CHECK_TILED_*: the runs of at least
- * min_run tokens (attention_plan) by the tiled prefill kernel; *n_tiles
- * (may be NULL) the number of tiles the plan had. */
+ * stages (2, 3, 4; 0: chosen by the grid), the same bits whichever;
+ * walk_cols: its serial form's blocks a kv head at most (0: as many as
+ * the GPU holds), the same bits whichever.  tiled MSV_CHECK_TILED_*: the
+ * runs of at least min_run tokens (attention_plan) by the tiled prefill
+ * kernel; *n_tiles (may be NULL) the number of tiles the plan had. */
 int msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
     uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale,
-    const struct msv_check_kv *kv, int mode, int stages, int tiled,
-    uint32_t min_run, uint32_t *n_tiles, char *err, size_t errlen);
+    const struct msv_check_kv *kv, int mode, int stages, uint32_t walk_cols,
+    int tiled, uint32_t min_run, uint32_t *n_tiles, char *err,
+    size_t errlen);
 
 /* out[n][rows] (+)= act[n][cols] . w[rows][cols]^T through the GEMV path
  * (bf16 bits, n <= 8, cols a multiple of 8); out is read first when

@@ -566,12 +566,12 @@ check_attention(void)
         if (msv_cuda_run_attention(out, q, stride, c->nh, c->nkv, c->hd,
                                    (float) (1.0 / sqrt(c->hd)), &m.kv,
                                    MSV_CHECK_ATTN_FOLD, 0,
-                                   MSV_CHECK_TILED_OFF, 0, NULL, err,
+                                   0, MSV_CHECK_TILED_OFF, 0, NULL, err,
                                    sizeof(err)) != 0
             || msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv, c->hd,
                                       (float) (1.0 / sqrt(c->hd)), &m.kv,
                                       MSV_CHECK_ATTN_PARALLEL, 0,
-                                      MSV_CHECK_TILED_OFF, 0, NULL, err,
+                                      0, MSV_CHECK_TILED_OFF, 0, NULL, err,
                                       sizeof(err)) != 0)
         {
             chk_fail("kernel attention: %s", err);
@@ -584,13 +584,15 @@ check_attention(void)
                          kb ? " kv-bf16" : "");
             }
             /* and whatever the decode kernel's stages: 2, 3, 4 pages a
-             * warp, serial and split */
+             * warp, serial and split; the serial form with one block a
+             * kv head walking every token (2 stages) and three (4) */
             for (st = 2; kb && st <= 4; st++) {
                 if (msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv,
                                            c->hd, (float) (1.0 / sqrt(c->hd)),
                                            &m.kv, st % 2 == 0
                                            ? MSV_CHECK_ATTN_FOLD
                                            : MSV_CHECK_ATTN_PARALLEL, st,
+                                           st == 2 ? 1 : st == 4 ? 3 : 0,
                                            MSV_CHECK_TILED_OFF, 0, NULL, err,
                                            sizeof(err)) != 0)
                 {
@@ -713,15 +715,15 @@ check_attention_tiled(void)
         nt2 = 0;
         if (msv_cuda_run_attention(out, q, stride, c->nh, c->nkv, c->hd,
                                    scale, &m.kv, MSV_CHECK_ATTN_FOLD, 0,
-                                   MSV_CHECK_TILED_ON, c->min_run, &nt, err,
+                                   2, MSV_CHECK_TILED_ON, c->min_run, &nt, err,
                                    sizeof(err)) != 0
             || msv_cuda_run_attention(out2, q, stride, c->nh, c->nkv, c->hd,
                                       scale, &m.kv, MSV_CHECK_ATTN_PARALLEL,
-                                      0, MSV_CHECK_TILED_ON, c->min_run,
+                                      0, 0, MSV_CHECK_TILED_ON, c->min_run,
                                       &nt2, err, sizeof(err)) != 0
             || msv_cuda_run_attention(tok, q, stride, c->nh, c->nkv, c->hd,
                                       scale, &m.kv, MSV_CHECK_ATTN_FOLD, 0,
-                                      MSV_CHECK_TILED_OFF, 0, NULL, err,
+                                      0, MSV_CHECK_TILED_OFF, 0, NULL, err,
                                       sizeof(err)) != 0)
         {
             chk_fail("kernel attention tiled: %s", err);
