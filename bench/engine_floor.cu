@@ -9,7 +9,8 @@
  *   engine_floor PRESET MEAN_CTX M [M ...]
  *
  * Prints one line per M: "floor M gemm_ms lm_ms kv_ms floor_ms tok_s",
- * after "copy_tb_s X".  Each time is the median of 7 runs after 2.
+ * after "copy_tb_s X".  Each time is the median of 7 runs after 2
+ * (cuda_bench.h).
  */
 
 #include <stdio.h>
@@ -21,27 +22,12 @@
 #include <cublas_v2.h>
 
 #include "model.h"
+#include "cuda_bench.h"
 
-#define REPS  7
-#define WARM  2
+#define TRY(call)   MSV_BENCH_TRY(call)
+#define BTRY(call)  MSV_BENCH_BTRY(call)
 
-#define TRY(call)                                                            \
-    do {                                                                     \
-        cudaError_t  e_ = (call);                                            \
-        if (e_ != cudaSuccess) {                                             \
-            fprintf(stderr, "engine_floor: %s: %s\n", #call,                 \
-                    cudaGetErrorString(e_));                                 \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
-
-#define BTRY(call)                                                           \
-    do {                                                                     \
-        if ((call) != CUBLAS_STATUS_SUCCESS) {                               \
-            fprintf(stderr, "engine_floor: %s failed\n", #call);             \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
+const char  *msv_bench_prog = "engine_floor";
 
 
 static __global__ void
@@ -74,15 +60,6 @@ rand_bf16(size_t n, uint32_t seed)
 }
 
 
-static int
-cmp_float(const void *a, const void *b)
-{
-    float  x = *(const float *) a, y = *(const float *) b;
-
-    return (x > y) - (x < y);
-}
-
-
 /* out[M][rows] = act[M][cols] . w[rows][cols]^T, bf16 in, fp32 out */
 static void
 gemm(cublasHandle_t h, const __nv_bfloat16 *w, uint32_t rows, uint32_t cols,
@@ -97,20 +74,67 @@ gemm(cublasHandle_t h, const __nv_bfloat16 *w, uint32_t rows, uint32_t cols,
 }
 
 
+/* The timed pieces: a device-to-device copy, one step's layer products,
+ * the lm_head. */
+struct floor_work {
+    const struct msv_model_config  *c;
+    cublasHandle_t                  h;
+    __nv_bfloat16                 **wq, **wo, **wgu, **wd, *lm, *act;
+    float                          *out;
+    void                           *src, *dst;
+    size_t                          big, q, kv;
+    uint32_t                        M;
+};
+
+
+static void
+copy_work(void *ctx)
+{
+    struct floor_work  *w = (struct floor_work *) ctx;
+
+    TRY(cudaMemcpy(w->dst, w->src, w->big, cudaMemcpyDeviceToDevice));
+}
+
+
+static void
+layers_work(void *ctx)
+{
+    struct floor_work  *w = (struct floor_work *) ctx;
+    uint32_t            l;
+
+    for (l = 0; l < w->c->n_layers; l++) {
+        gemm(w->h, w->wq[l], (uint32_t) (w->q + 2 * w->kv), w->c->hidden,
+             w->act, w->M, w->out);
+        gemm(w->h, w->wo[l], w->c->hidden, (uint32_t) w->q, w->act, w->M,
+             w->out);
+        gemm(w->h, w->wgu[l], 2 * w->c->intermediate, w->c->hidden, w->act,
+             w->M, w->out);
+        gemm(w->h, w->wd[l], w->c->hidden, w->c->intermediate, w->act,
+             w->M, w->out);
+    }
+}
+
+
+static void
+lm_work(void *ctx)
+{
+    struct floor_work  *w = (struct floor_work *) ctx;
+
+    gemm(w->h, w->lm, w->c->vocab_size, w->c->hidden, w->act, w->M, w->out);
+}
+
+
 int
 main(int argc, char **argv)
 {
     struct msv_model_config   c;
-    cublasHandle_t            h;
-    cudaEvent_t               e0, e1;
-    __nv_bfloat16           **wq, **wo, **wgu, **wd, *lm, *act;
-    float                    *out, t[REPS + WARM], gemm_ms, lm_ms, copy, ms;
+    struct floor_work         w;
+    float                     gemm_ms, lm_ms, copy, ms;
     char                      err[256];
-    void                     *src, *dst;
-    size_t                    big, q, kv, maxm, kv_bytes;
-    uint32_t                  l, M, i;
+    size_t                    q, kv, maxm, kv_bytes;
+    uint32_t                  l, M;
     double                    ctx, kv_ms;
-    int                       a, r;
+    int                       a;
 
     if (argc < 4) {
         fprintf(stderr, "usage: engine_floor PRESET MEAN_CTX M [M ...]\n");
@@ -122,85 +146,61 @@ main(int argc, char **argv)
     }
     ctx = atof(argv[2]);
 
-    TRY(cudaEventCreate(&e0));
-    TRY(cudaEventCreate(&e1));
-    BTRY(cublasCreate(&h));
+    memset(&w, 0, sizeof(w));
+    w.c = &c;
+    BTRY(cublasCreate(&w.h));
 
     /* copy rate: 2 GiB device to device, bytes read + written */
-    big = (size_t) 2 << 30;
-    TRY(cudaMalloc(&src, big));
-    TRY(cudaMalloc(&dst, big));
-    TRY(cudaMemset(src, 1, big));
-    for (r = 0; r < REPS + WARM; r++) {
-        TRY(cudaEventRecord(e0));
-        TRY(cudaMemcpy(dst, src, big, cudaMemcpyDeviceToDevice));
-        TRY(cudaEventRecord(e1));
-        TRY(cudaEventSynchronize(e1));
-        TRY(cudaEventElapsedTime(&t[r], e0, e1));
-    }
-    qsort(t + WARM, REPS, sizeof(float), cmp_float);
-    copy = 2.0 * big / (t[WARM + REPS / 2] * 1e-3) / 1e12;   /* TB/s */
-    TRY(cudaFree(src));
-    TRY(cudaFree(dst));
+    w.big = (size_t) 2 << 30;
+    TRY(cudaMalloc(&w.src, w.big));
+    TRY(cudaMalloc(&w.dst, w.big));
+    TRY(cudaMemset(w.src, 1, w.big));
+    copy = 2.0 * w.big / (msv_bench_ms(copy_work, &w) * 1e-3) / 1e12;
+    TRY(cudaFree(w.src));
+    TRY(cudaFree(w.dst));
     printf("copy_tb_s %.3f\n", copy);
 
     q = (size_t) c.n_heads * c.head_dim;
     kv = (size_t) c.n_kv_heads * c.head_dim;
-    wq = (__nv_bfloat16 **) calloc(c.n_layers, sizeof(void *));
-    wo = (__nv_bfloat16 **) calloc(c.n_layers, sizeof(void *));
-    wgu = (__nv_bfloat16 **) calloc(c.n_layers, sizeof(void *));
-    wd = (__nv_bfloat16 **) calloc(c.n_layers, sizeof(void *));
-    for (l = 0; l < c.n_layers; l++) {
-        wq[l] = rand_bf16((q + 2 * kv) * c.hidden, 4 * l + 1);
-        wo[l] = rand_bf16((size_t) c.hidden * q, 4 * l + 2);
-        wgu[l] = rand_bf16((size_t) 2 * c.intermediate * c.hidden, 4 * l + 3);
-        wd[l] = rand_bf16((size_t) c.hidden * c.intermediate, 4 * l + 4);
+    w.q = q;
+    w.kv = kv;
+    w.wq = (__nv_bfloat16 **) calloc(c.n_layers, sizeof(void *));
+    w.wo = (__nv_bfloat16 **) calloc(c.n_layers, sizeof(void *));
+    w.wgu = (__nv_bfloat16 **) calloc(c.n_layers, sizeof(void *));
+    w.wd = (__nv_bfloat16 **) calloc(c.n_layers, sizeof(void *));
+    if (w.wq == NULL || w.wo == NULL || w.wgu == NULL || w.wd == NULL) {
+        fprintf(stderr, "engine_floor: out of memory\n");
+        return 1;
     }
-    lm = rand_bf16((size_t) c.vocab_size * c.hidden, 7);
+    for (l = 0; l < c.n_layers; l++) {
+        w.wq[l] = rand_bf16((q + 2 * kv) * c.hidden, 4 * l + 1);
+        w.wo[l] = rand_bf16((size_t) c.hidden * q, 4 * l + 2);
+        w.wgu[l] = rand_bf16((size_t) 2 * c.intermediate * c.hidden,
+                             4 * l + 3);
+        w.wd[l] = rand_bf16((size_t) c.hidden * c.intermediate, 4 * l + 4);
+    }
+    w.lm = rand_bf16((size_t) c.vocab_size * c.hidden, 7);
 
     maxm = 0;
     for (a = 3; a < argc; a++) {
         M = (uint32_t) atoi(argv[a]);
         maxm = M > maxm ? M : maxm;
     }
-    act = rand_bf16(maxm * (c.intermediate > q ? c.intermediate
-                            : (q > c.hidden ? q : c.hidden)), 9);
-    TRY(cudaMalloc((void **) &out, maxm * (size_t) (c.vocab_size
-                                                   > 2 * c.intermediate
-                                                   ? c.vocab_size
-                                                   : 2 * c.intermediate)
-                                   * sizeof(float)));
+    w.act = rand_bf16(maxm * (c.intermediate > q ? c.intermediate
+                              : (q > c.hidden ? q : c.hidden)), 9);
+    TRY(cudaMalloc((void **) &w.out, maxm * (size_t) (c.vocab_size
+                                                     > 2 * c.intermediate
+                                                     ? c.vocab_size
+                                                     : 2 * c.intermediate)
+                                     * sizeof(float)));
     TRY(cudaDeviceSynchronize());
 
     printf("%-6s %9s %9s %9s %9s %10s\n", "M", "gemm_ms", "lm_ms", "kv_ms",
            "floor_ms", "tok_s");
     for (a = 3; a < argc; a++) {
-        M = (uint32_t) atoi(argv[a]);
-
-        for (r = 0; r < REPS + WARM; r++) {
-            TRY(cudaEventRecord(e0));
-            for (l = 0; l < c.n_layers; l++) {
-                gemm(h, wq[l], (uint32_t) (q + 2 * kv), c.hidden, act, M, out);
-                gemm(h, wo[l], c.hidden, (uint32_t) q, act, M, out);
-                gemm(h, wgu[l], 2 * c.intermediate, c.hidden, act, M, out);
-                gemm(h, wd[l], c.hidden, c.intermediate, act, M, out);
-            }
-            TRY(cudaEventRecord(e1));
-            TRY(cudaEventSynchronize(e1));
-            TRY(cudaEventElapsedTime(&t[r], e0, e1));
-        }
-        qsort(t + WARM, REPS, sizeof(float), cmp_float);
-        gemm_ms = t[WARM + REPS / 2];
-
-        for (r = 0; r < REPS + WARM; r++) {
-            TRY(cudaEventRecord(e0));
-            gemm(h, lm, c.vocab_size, c.hidden, act, M, out);
-            TRY(cudaEventRecord(e1));
-            TRY(cudaEventSynchronize(e1));
-            TRY(cudaEventElapsedTime(&t[r], e0, e1));
-        }
-        qsort(t + WARM, REPS, sizeof(float), cmp_float);
-        lm_ms = t[WARM + REPS / 2];
+        w.M = M = (uint32_t) atoi(argv[a]);
+        gemm_ms = msv_bench_ms(layers_work, &w);
+        lm_ms = msv_bench_ms(lm_work, &w);
 
         /* K and V of every layer for M sequences of ctx tokens, bf16 */
         kv_bytes = (size_t) ((double) M * ctx) * c.n_layers * 2 * kv * 2;
@@ -210,15 +210,15 @@ main(int argc, char **argv)
                lm_ms, kv_ms, ms, M / (ms * 1e-3));
     }
 
-    for (i = 0; i < c.n_layers; i++) {
-        cudaFree(wq[i]);
-        cudaFree(wo[i]);
-        cudaFree(wgu[i]);
-        cudaFree(wd[i]);
+    for (l = 0; l < c.n_layers; l++) {
+        cudaFree(w.wq[l]);
+        cudaFree(w.wo[l]);
+        cudaFree(w.wgu[l]);
+        cudaFree(w.wd[l]);
     }
-    cudaFree(lm);
-    cudaFree(act);
-    cudaFree(out);
-    cublasDestroy(h);
+    cudaFree(w.lm);
+    cudaFree(w.act);
+    cudaFree(w.out);
+    cublasDestroy(w.h);
     return 0;
 }

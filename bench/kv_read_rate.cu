@@ -1,65 +1,196 @@
 /*
  * kv_read_rate.cu: the read-only ceilings that the decode attention's
  * floor leans on, on a machine with an NVIDIA GPU: a sequential read of
- * 4 GB, and reads in the attention's pattern at batch 256 of qwen3-8b (a
+ * 4 GiB, and reads in the attention's pattern at batch 256 of qwen3-8b (a
  * one-warp block per (token, kv head) reading 24 pages of 4 KB of K and
- * of V, 8 kv heads, rotating over 8 sets of 400 MB), grid in token and in
- * head order, with as many warps an SM as registers allow and with 8 (the
- * walking kernel's occupancy, held by 26 KB of dynamic shared memory).
- * Median of 12 launches by CUDA events.
+ * of V, 8 kv heads, rotating over 8 sets of 400 MB so that L2 holds none
+ * of a launch's pages), grid in token and in head order, at each of the
+ * occupancies asked for (warps an SM, held by dynamic shared memory; the
+ * walking kernel runs 8, bench/results/engine.md).  Each time is the
+ * median of 7 launches after 2 (cuda_bench.h).
+ *
+ *   kv_read_rate [WARPS_AN_SM ...]      (default: 32 8)
  *
  *   nvcc -O2 -gencode arch=compute_90,code=sm_90 -o kv_read_rate \
  *       bench/kv_read_rate.cu && ./kv_read_rate
  */
-#include <cstdio>
-#include <cstdint>
-#include <cstdlib>
-#include <vector>
-#include <algorithm>
-#include <cuda_runtime.h>
-/* every CUDA call checked; a failure ends the run (also inside the timing lambda) */
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "kv_read_rate: %s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
-__global__ void seq_read(const uint4 *p, size_t n, uint32_t *out) {
-    uint32_t acc = 0;
-    for (size_t i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < n; i += (size_t) gridDim.x * blockDim.x) {
-        uint4 v = __ldcs(p + i); acc ^= v.x ^ v.y ^ v.z ^ v.w;
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime.h>
+
+#include "cuda_bench.h"
+
+#define TRY(call)  MSV_BENCH_TRY(call)
+
+const char  *msv_bench_prog = "kv_read_rate";
+
+/* the pattern: batch 256, 24 pages (mean context 384), 8 kv heads, 4 KB
+ * (256 16-byte words) a page's K and V each at head_dim 128 */
+#define KV_TOKENS  256
+#define KV_PAGES   24
+#define KV_HEADS   8
+#define KV_WORDS   256
+#define KV_SETS    8
+
+
+/* Every word of p once, streaming; the xor keeps the loads alive. */
+static __global__ void
+seq_read_kernel(const uint4 *p, size_t n, uint32_t *out)
+{
+    uint32_t  acc;
+    uint4     v;
+    size_t    i;
+
+    acc = 0;
+    for (i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < n;
+         i += (size_t) gridDim.x * blockDim.x)
+    {
+        v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
-    if (acc == 0x12345678u) out[0] = acc;
+    if (acc == 0x12345678u) {
+        out[0] = acc;
+    }
 }
-// one warp a block: (token, head) reads npg pages of K and V (4 KB each at HD 128, 8 heads)
-__global__ void kv_read(const uint4 *k, const uint4 *v, int npg, int heads_inner, int nheads, uint32_t *out) {
-    int t = heads_inner ? blockIdx.y : blockIdx.x, h = heads_inner ? blockIdx.x : blockIdx.y;
-    uint32_t acc = 0;
-    for (int p = 0; p < npg; p++) {
-        size_t base = (((size_t) t * npg + p) * nheads + h) * 256;   // 256 uint4 = 4 KB
-        uint4 a[8], b[8];
+
+
+/* One warp a block: (token, kv head) reads its npg pages of K and V, a
+ * page's 8 passes of the warp's 512 bytes issued before any is used. */
+static __global__ void
+kv_read_kernel(const uint4 *k, const uint4 *v, int npg, int heads_inner,
+    int nheads, uint32_t *out)
+{
+    uint32_t  acc;
+    uint4     a[8], b[8];
+    size_t    base;
+    int       t, h, p, c;
+
+    t = heads_inner ? blockIdx.y : blockIdx.x;
+    h = heads_inner ? blockIdx.x : blockIdx.y;
+    acc = 0;
+    for (p = 0; p < npg; p++) {
+        base = (((size_t) t * npg + p) * nheads + h) * KV_WORDS;
 #pragma unroll
-        for (int c = 0; c < 8; c++) { a[c] = __ldcs(k + base + c * 32 + threadIdx.x); b[c] = __ldcs(v + base + c * 32 + threadIdx.x); }
+        for (c = 0; c < 8; c++) {
+            a[c] = __ldcs(k + base + c * 32 + threadIdx.x);
+            b[c] = __ldcs(v + base + c * 32 + threadIdx.x);
+        }
 #pragma unroll
-        for (int c = 0; c < 8; c++) acc ^= a[c].x ^ a[c].w ^ b[c].y ^ b[c].z;
+        for (c = 0; c < 8; c++) {
+            acc ^= a[c].x ^ a[c].w ^ b[c].y ^ b[c].z;
+        }
     }
-    if (acc == 0x12345678u) out[0] = acc;
+    if (acc == 0x12345678u) {
+        out[0] = acc;
+    }
 }
-int main() {
-    size_t bytes = (size_t) 4 << 30; uint4 *buf; uint32_t *o;
-    CK(cudaMalloc(&buf, bytes)); CK(cudaMalloc(&o, 4)); CK(cudaMemset(buf, 0x5a, bytes));
-    cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-    auto med = [&](auto fn) { std::vector<float> ms; for (int r = 0; r < 12; r++) { CK(cudaEventRecord(a)); fn(); CK(cudaGetLastError()); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b)); float m; CK(cudaEventElapsedTime(&m, a, b)); ms.push_back(m); } std::sort(ms.begin(), ms.end()); return ms[6]; };
-    int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    float m = med([&] { seq_read<<<sms * 8, 512>>>(buf, bytes / 16, o); });
-    CK(cudaGetLastError());
-    printf("sequential read %.3f ms %.3f TB/s\n", m, bytes / m / 1e9);
-    // batch 256 x 24 pages x 8 heads x 4 KB = 201 MB each for K and V; rotate over 8 sets (3.2 GB)
-    int T = 256, npg = 24, H = 8; size_t set = (size_t) T * npg * H * 256; // uint4 per K set
-    CK(cudaFuncSetAttribute(kv_read, cudaFuncAttributeMaxDynamicSharedMemorySize, 27000));
-    for (int sm = 0; sm < 2; sm++)
-    for (int hi = 0; hi < 2; hi++) {
-        int r = 0; size_t smem = sm ? 26112 : 0;
-        float mm = med([&] { const uint4 *kk = buf + (size_t) (r % 8) * 2 * set; r++; dim3 g = hi ? dim3(H, T) : dim3(T, H); kv_read<<<g, 32, smem>>>(kk, kk + set, npg, hi, H, o); });
-        CK(cudaGetLastError());
-        printf("kv pattern %s-major, %s: %.4f ms a layer, %.3f TB/s (x36 = %.3f ms)\n", hi ? "head-inner" : "token", sm ? "8 warps an SM" : "32 warps an SM", mm, 2.0 * set * 16 / mm / 1e9, mm * 36);
+
+
+struct read_work {
+    const uint4  *buf;
+    size_t        words;      /* of buf */
+    size_t        set;        /* words of one set's K (V follows it) */
+    uint32_t     *out;
+    int           sms;
+    int           heads_inner;
+    int           run;        /* launches so far: the set to read */
+    size_t        smem;
+};
+
+
+static void
+seq_work(void *ctx)
+{
+    struct read_work  *w = (struct read_work *) ctx;
+
+    seq_read_kernel<<<w->sms * 8, 512>>>(w->buf, w->words, w->out);
+}
+
+
+static void
+kv_work(void *ctx)
+{
+    struct read_work  *w = (struct read_work *) ctx;
+    const uint4       *k;
+    dim3               grid;
+
+    k = w->buf + (size_t) (w->run++ % KV_SETS) * 2 * w->set;
+    grid = w->heads_inner ? dim3(KV_HEADS, KV_TOKENS)
+                          : dim3(KV_TOKENS, KV_HEADS);
+    kv_read_kernel<<<grid, 32, w->smem>>>(k, k + w->set, KV_PAGES,
+                                          w->heads_inner, KV_HEADS, w->out);
+}
+
+
+int
+main(int argc, char **argv)
+{
+    static const int  dflt[] = { 32, 8 };
+    struct read_work  w;
+    size_t            bytes, per_sm, reserved;
+    float             ms;
+    int               i, n, warps, held, dev, v;
+
+    n = argc > 1 ? argc - 1 : 2;
+    for (i = 1; i < argc; i++) {
+        warps = atoi(argv[i]);
+        if (warps < 1 || warps > 32) {
+            fprintf(stderr, "kv_read_rate: warps an SM: \"%s\" is not 1 to "
+                    "32\n", argv[i]);
+            return 2;
+        }
     }
-    CK(cudaDeviceSynchronize());
+
+    bytes = (size_t) 4 << 30;
+    w.words = bytes / sizeof(uint4);
+    w.set = (size_t) KV_TOKENS * KV_PAGES * KV_HEADS * KV_WORDS;
+    if (2 * KV_SETS * w.set > w.words) {
+        fprintf(stderr, "kv_read_rate: the sets do not fit the buffer\n");
+        return 1;
+    }
+    TRY(cudaMalloc((void **) &w.buf, bytes));
+    TRY(cudaMalloc((void **) &w.out, sizeof(uint32_t)));
+    TRY(cudaMemset((void *) w.buf, 0x5a, bytes));
+    TRY(cudaGetDevice(&dev));
+    TRY(cudaDeviceGetAttribute(&w.sms, cudaDevAttrMultiProcessorCount, dev));
+    TRY(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                               dev));
+    per_sm = (size_t) v;
+    TRY(cudaDeviceGetAttribute(&v, cudaDevAttrReservedSharedMemoryPerBlock,
+                               dev));
+    reserved = (size_t) v;
+    TRY(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                               dev));
+    TRY(cudaFuncSetAttribute(kv_read_kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, v));
+
+    ms = msv_bench_ms(seq_work, &w);
+    printf("sequential read %.3f ms %.3f TB/s\n", ms, bytes / ms / 1e9);
+
+    for (i = 0; i < n; i++) {
+        warps = argc > 1 ? atoi(argv[i + 1]) : dflt[i];
+        /* the most shared memory a block that still lets `warps` blocks
+         * share an SM, so that no more than that many do */
+        w.smem = warps >= 32 ? 0 : per_sm / (size_t) warps - reserved;
+        if (w.smem > (size_t) v) {
+            w.smem = (size_t) v;
+        }
+        TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&held,
+                                                          kv_read_kernel, 32,
+                                                          w.smem));
+        for (w.heads_inner = 0; w.heads_inner < 2; w.heads_inner++) {
+            w.run = 0;
+            ms = msv_bench_ms(kv_work, &w);
+            printf("kv pattern %s, %d warps an SM (%zu bytes of shared "
+                   "memory a block): %.4f ms a layer, %.3f TB/s (x36 = "
+                   "%.3f ms)\n", w.heads_inner ? "head-inner" : "token-major",
+                   held, w.smem, ms, 2.0 * w.set * sizeof(uint4) / ms / 1e9,
+                   ms * 36);
+        }
+    }
+    TRY(cudaDeviceSynchronize());
     return 0;
 }
