@@ -1138,7 +1138,7 @@ msv_attn_mma_fits(const struct msv_attn_args *a)
  */
 
 /* Warps (blocks) an SM for NST stages of K/V: as many as shared memory
- * holds at head_dim 128 (NST x 8.5 KB a warp), registers allowing. */
+ * holds at head_dim 128 (NST x 8 KB a warp), registers allowing. */
 #define MSV_ATTN_WALK_MINB(NST)  ((NST) == 2 ? 12 : (NST) == 3 ? 8 : 6)
 
 /* A stage's rows: unpadded and swizzled from head_dim 64 up (16-byte
