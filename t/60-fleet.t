@@ -492,8 +492,10 @@ my %key_of;    # host -> an affinity key that lands there
     my @st = map { call($f, req("no-redis-$_", 3))->{status} } 1 .. 4;
     is_deeply(\@st, [200, 200, 200, 200], 'generation goes on through the front');
     my $hl;
-    ok(MsvTest::wait_for(sub { $hl = fhealth(); ($hl->{redis} // '') eq 'down' }, 4),
-       'health still says Redis down');
+    ok(MsvTest::wait_for(sub {
+           $hl = fhealth();
+           ($hl->{redis} // '') eq 'down';
+       }, 4), 'health still says Redis down');
     is(hstate($hl, 'gpu-a') . ' ' . hstate($hl, 'gpu-b'), 'up up',
        'both hosts still up (no staleness while Redis is away)');
     is($hl->{status}, 'degraded', 'status degraded');
