@@ -24,19 +24,39 @@ use MsvTest;
 
 my $STALL = 3;      # maskserve_worker_stall_timeout, s
 
+my $DRAIN = 2;      # the worker's --drain-timeout, s (shorter below on a
+                    # backend too fast for a stream to outlast it)
+
 my $t = MsvTest->new;
 my $w = $t->start_worker(slots => 16, max_model_len => 32768, threads => 1,
                          model_dir => $t->long_context_model(32768),
-                         args => ['--drain-timeout', 2]);
+                         args => ['--drain-timeout', $DRAIN]);
 $t->start_nginx(processes => 2,
                 http => "    maskserve_worker_stall_timeout ${STALL}s;\n");
 my $true = JSON::PP::true;
 my $V = $t->health->{workers}[0]{vocab_size};
 # streams that must still run when every slot is seen taken, or outlast
-# the drain (2 s), are sized by the backend's measured rate: a GPU runs a
-# batch of the tiny model's sequences as fast as one
+# the drain, are sized by the backend's measured rate: a GPU runs a batch
+# of the tiny model's sequences as fast as one
 my $FULL = $t->tokens_lasting(3, 4000, 16);
 my $LONG = $t->tokens_lasting(6, 32000);
+# tokens a second of each of 8 streams at once, as the drain runs them
+my $RATE = $t->tokens_lasting(1, undef, 8);
+# the model's 32,768 positions cap a stream: where that is less than 6 s
+# of it, the drain is a third of what a stream lasts, so the streams are
+# still running at its deadline
+my $lasts = $LONG / $RATE;
+if ($lasts < 3 * $DRAIN) {
+    $DRAIN = sprintf('%.2f', $lasts / 3);
+    my ($i) = grep { $w->{args}[$_] eq '--drain-timeout' } 0 .. $#{ $w->{args} };
+    $w->{args}[$i + 1] = $DRAIN;
+    $t->stop_worker($w);
+    $t->restart_worker($w);
+    ok(MsvTest::wait_for(sub {
+        $t->generate({ token_ids => [1], sampling_params => { max_tokens => 1 } })
+          ->{status} == 200 }, 20), "the worker back with --drain-timeout $DRAIN");
+}
+diag("streams of $LONG tokens at $RATE tokens/s, --drain-timeout $DRAIN s");
 
 sub req {
     my ($id, $max, %o) = @_;
@@ -122,7 +142,7 @@ sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
 
 # --- SIGTERM: drain
 {
-    # no masks: a GPU streams tens of thousands of events in the 2 s
+    # no masks: a GPU streams tens of thousands of events in the drain
     my @reqs = map { req("term-$_", $LONG, mask => 0) } 1 .. 8;
     my @bg = map { $t->bg(stream => $_) } @reqs;
     $t->bg_started($_, 10) for @bg;
@@ -137,7 +157,7 @@ sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
     my $dt = time - $t0;
     ok(defined $st, 'SIGTERM: the worker exits');
     is($st, 0, 'with status 0');
-    cmp_ok($dt, '<', 2 + 3, 'within --drain-timeout (2 s) and a margin');
+    cmp_ok($dt, '<', $DRAIN + 3, "within --drain-timeout ($DRAIN s) and a margin");
     $w->{pid} = 0;
     my @r = map { $t->bg_wait($_, 30) } @bg;
     my @msg = grep { $_ } map { explicit_error($_) } @r;
