@@ -9,12 +9,14 @@
 #      model CUDA vs CPU in both precisions, the fixtures on the CPU and
 #      both CUDA precisions against their Hugging Face logits;
 #   3. bench/engine.sh: the decode floor and the worker's decode and
-#      prefill rates (dummy qwen3-8b);
+#      prefill rates (dummy qwen3-8b), then bench/kv_read_rate: the
+#      attention's read ceilings (sequential, and its K/V page pattern at
+#      32 and 8 warps an SM);
 #   4. t/05-worker-cli.t on --backend cuda;
 #   5. compute-sanitizer over the kernel checks (test_backend -k).
 #
 # Logs go to $OUT (default build-gpu/out): gpu.log (all of it), check.log,
-# engine.log, t05.log, sanitizer.log, engine.tar.gz (the
+# engine.log, kv_read_rate.txt, t05.log, sanitizer.log, engine.tar.gz (the
 # per-step lines and rows).
 # yajl comes from the Debian packages in .debs/ when the system has none.
 
@@ -52,6 +54,14 @@ OUT=$B/engine timeout ${ENGINE_S:-130} bash bench/engine.sh \
 echo "engine.sh exit $?"
 tail -32 "$OUT/engine.log"
 tar czf "$OUT/engine.tar.gz" -C "$B" engine 2>/dev/null
+
+stamp "bench/kv_read_rate"
+"${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}" \
+    -O2 -gencode arch=compute_90,code=sm_90 \
+    -o "$B/bench/kv_read_rate" bench/kv_read_rate.cu \
+    && timeout ${READS_S:-60} "$B/bench/kv_read_rate" 32 8 \
+    | tee "$OUT/kv_read_rate.txt"
+echo "kv_read_rate exit $?"
 
 stamp "t/05 on the CUDA backend"
 MSV_BUILD=$PWD/$B MSV_BACKEND=cuda timeout ${T05_S:-40} \
