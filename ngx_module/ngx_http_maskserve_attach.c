@@ -48,6 +48,8 @@ static void ngx_http_maskserve_attach_failed(
     ngx_http_maskserve_region_t *rg, const char *err);
 static ngx_int_t ngx_http_maskserve_attach_done(
     ngx_http_maskserve_region_t *rg);
+static void ngx_http_maskserve_attach_orphan(void *ud, uint32_t slot,
+    uint64_t cookie);
 static ngx_connection_t *ngx_http_maskserve_attach_watch(
     ngx_http_maskserve_region_t *rg, int fd, ngx_event_handler_pt handler);
 static void ngx_http_maskserve_attach_unwatch(ngx_connection_t *c);
@@ -254,6 +256,7 @@ ngx_http_maskserve_attach_abandon(ngx_http_maskserve_region_t *rg)
 static ngx_int_t
 ngx_http_maskserve_attach_done(ngx_http_maskserve_region_t *rg)
 {
+    uint32_t                         n;
     struct msv_ctrl                 *c;
     ngx_http_maskserve_slot_t       *slots;
     ngx_http_maskserve_main_conf_t  *mcf;
@@ -283,6 +286,18 @@ ngx_http_maskserve_attach_done(ngx_http_maskserve_region_t *rg)
 
     ngx_memzero(rg->slots, rg->n_slots * sizeof(ngx_http_maskserve_slot_t));
     rg->inflight = 0;
+
+    /* the slots of the requests this process ended when it lost the
+     * region (a worker stalled past the limit, then back): freed, or
+     * orphans freed at their last row (msv_slots_adopt) */
+    n = msv_slots_adopt(c, (int32_t) ngx_pid,
+                        ngx_http_maskserve_attach_orphan, rg);
+    if (n > 0 || rg->inflight > 0) {
+        ngx_log_error(NGX_LOG_NOTICE, rg->log, 0,
+                      "maskserve: worker region \"%V\": %uD slots of "
+                      "ended requests freed, %ui left to their last row",
+                      &rg->name, n, rg->inflight);
+    }
 
     rg->wake = ngx_http_maskserve_attach_watch(rg, rg->att.wake_fd,
                                       ngx_http_maskserve_attach_wake_handler);
@@ -318,6 +333,26 @@ ngx_http_maskserve_attach_done(ngx_http_maskserve_region_t *rg)
     }
 
     return NGX_OK;
+}
+
+
+/* A slot of an ended request still running: an orphan, which the row
+ * router frees at its last row. */
+static void
+ngx_http_maskserve_attach_orphan(void *ud, uint32_t slot, uint64_t cookie)
+{
+    ngx_http_maskserve_region_t  *rg = ud;
+    ngx_http_maskserve_slot_t    *e;
+
+    if (slot >= rg->n_slots) {
+        return;
+    }
+
+    e = &rg->slots[slot];
+    e->used = 1;
+    e->ctx = NULL;
+    e->cookie = cookie;
+    rg->inflight++;
 }
 
 

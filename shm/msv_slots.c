@@ -283,6 +283,46 @@ msv_slot_release(struct msv_ctrl *c, uint32_t i, uint64_t cookie)
 
 
 uint32_t
+msv_slots_adopt(struct msv_ctrl *c, int32_t pid,
+    void (*orphan)(void *ud, uint32_t slot, uint64_t cookie), void *ud)
+{
+    uint32_t          i, st, n;
+    uint64_t          w, cookie;
+    struct msv_slot  *s;
+
+    n = 0;
+    for (i = 0; i < c->n_slots; i++) {
+        s = msv_slot_at(c, i);
+        /* A-done: acquire, pairs with R-submit and with the worker's
+         * release of the state: the cookie is the owner's */
+        w = atomic_load_explicit(&s->state, memory_order_acquire);
+        st = MSV_STATE_OF(w);
+        if (MSV_PID_OF(w) != pid || st == MSV_SLOT_FREE
+            || st == MSV_SLOT_CLAIMED)
+        {
+            continue;
+        }
+        cookie = __atomic_load_n(&s->cookie, __ATOMIC_RELAXED);
+
+        if (st == MSV_SLOT_FINISHED || st == MSV_SLOT_ABORTED) {
+            if (msv_slot_release(c, i, cookie) == 0) {
+                n++;
+            }
+            continue;
+        }
+
+        /* SUBMITTED or RUNNING: nobody waits for it any more */
+        msv_slot_cancel(c, i, cookie);
+        if (orphan != NULL) {
+            orphan(ud, i, cookie);
+        }
+    }
+
+    return n;
+}
+
+
+uint32_t
 msv_slot_state(struct msv_ctrl *c, uint32_t i)
 {
     if (i >= c->n_slots) {

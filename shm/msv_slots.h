@@ -39,6 +39,21 @@ void msv_slot_cancel(struct msv_ctrl *c, uint32_t i, uint64_t cookie);
  * Returns 0, or -1 if the slot is not that request's any more. */
 int msv_slot_release(struct msv_ctrl *c, uint32_t i, uint64_t cookie);
 
+/*
+ * Reader, right after it attaches to a region it held before: the slots
+ * this process (pid) owned then, whose requests it ended when it lost the
+ * region; it holds none other there yet.  A worker that stalled past the
+ * readers' limit and came back can see the old connections close only
+ * after the readers have claimed entries again, and its reap then leaves
+ * these slots alone (the entry reused by the same pid, or by another
+ * process: not the old holder's any more).  FINISHED or ABORTED ones are
+ * freed here (their last row is behind the new attach point); SUBMITTED
+ * or RUNNING ones are cancelled and passed to orphan(ud, slot, cookie),
+ * for the reader to free at their last row.  Returns how many were freed.
+ */
+uint32_t msv_slots_adopt(struct msv_ctrl *c, int32_t pid,
+    void (*orphan)(void *ud, uint32_t slot, uint64_t cookie), void *ud);
+
 /* State of slot i, and whether it still holds `cookie`. */
 uint32_t msv_slot_state(struct msv_ctrl *c, uint32_t i);
 

@@ -5,7 +5,8 @@
 #   - SIGSTOP for longer than the stall limit (maskserve_worker_stall_timeout
 #     3s here):
 #     every request ends with an explicit error, none hangs; after SIGCONT
-#     the worker is attached again and serves;
+#     the worker is attached again and serves; resumed once nginx is
+#     attaching again, every slot comes back;
 #   - SIGTERM (drain): running requests end with an explicit "shutting
 #     down" error and [DONE], the worker exits 0 within --drain-timeout
 #     and removes its region; new requests get 503 until it is back;
@@ -120,6 +121,30 @@ sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
     # not at once.  Bounded, never leaked.
     ok(MsvTest::wait_for(sub { defined in_use() && in_use() == 0 }, 90),
        'and no slot is left in use once they have run out');
+}
+
+# --- SIGSTOP above the stall limit, resumed while nginx attaches again:
+# its processes take reader entries again (often each other's) before the
+# worker sees their old connections close, so the worker's reap leaves
+# their slots alone; nginx takes them back when it attaches
+# (msv_slots_adopt).  Three rounds: which entry each process gets varies.
+{
+    my $n = int($RATE * 2);        # about 2 s of tokens a stream
+    for my $round (1 .. 3) {
+        my @reqs = map { req("stop3-$round-$_", $n, mask => 0) } 1 .. 8;
+        my @bg = map { $t->bg(stream => $_) } @reqs;
+        $t->bg_started($_, 10) for @bg;
+        sleep 1.5;
+        kill 'STOP', $w->{pid};
+        my @r = map { $t->bg_wait($_, $STALL + 10) } @bg;
+        sleep 1;                   # nginx's next attach is under way
+        kill 'CONT', $w->{pid};
+        my @msg = grep { $_ } map { explicit_error($_) } @r;
+        is(scalar @msg, 8, "round $round: every stream ended with an explicit error");
+        ok(MsvTest::wait_for(sub { defined in_use() && in_use() == 0 }, 15),
+           "round $round: every slot back within 15 s of SIGCONT")
+            or diag(`$MsvTest::BUILD/maskserve-cli --shm $w->{name} --stats 2>&1`);
+    }
 }
 
 # --- every slot taken: 503 at once, the running requests go on

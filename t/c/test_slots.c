@@ -1,7 +1,8 @@
 /*
  * test_slots.c: the request slot table: the claim / submit / cancel /
- * release cycle, concurrent claims from several processes, cookies, and
- * reaping by dead pid and by reader index.
+ * release cycle, concurrent claims from several processes, cookies,
+ * reaping by dead pid and by reader index, and a reader taking back its
+ * slots when it attaches again (msv_slots_adopt).
  */
 
 #include <sys/mman.h>
@@ -447,6 +448,116 @@ test_reap(struct msv_ctrl *c)
 }
 
 
+/* Slot i's state word, written outright (a process the test is not). */
+static void
+set_state(struct msv_ctrl *c, uint32_t i, int32_t pid, uint32_t st)
+{
+    atomic_store(&msv_slot_at(c, i)->state, MSV_STATE_WORD(pid, st));
+}
+
+
+/* What msv_slots_adopt passed on. */
+struct adopted {
+    uint32_t  n;
+    uint32_t  slot[N_SLOTS];
+    uint64_t  cookie[N_SLOTS];
+};
+
+
+static void
+adopt_cb(void *ud, uint32_t slot, uint64_t cookie)
+{
+    struct adopted  *ad = ud;
+
+    if (ad->n < N_SLOTS) {
+        ad->slot[ad->n] = slot;
+        ad->cookie[ad->n] = cookie;
+        ad->n++;
+    }
+}
+
+
+/*
+ * A reader that lost the region and attached again (its requests ended):
+ * this process's FINISHED and ABORTED slots freed, its SUBMITTED and
+ * RUNNING ones cancelled and handed back as orphans with their cookies,
+ * whatever reader index they were claimed under; a CLAIMED one and other
+ * processes' slots left alone.
+ */
+static void
+test_adopt(struct msv_ctrl *c)
+{
+    int                sub, run, fin, abo, cl, other, i;
+    int32_t            prompt = 1;
+    uint32_t           n, census[6];
+    uint64_t           ck_sub, ck_run, ck_other;
+    struct msv_params  p;
+    struct adopted     ad;
+
+    params(&p, 0);
+
+    sub = msv_slot_claim(c, 1, getpid());
+    run = msv_slot_claim(c, 2, getpid());
+    fin = msv_slot_claim(c, 1, getpid());
+    abo = msv_slot_claim(c, 3, getpid());
+    cl = msv_slot_claim(c, 1, getpid());
+    other = msv_slot_claim(c, 1, 1);       /* pid 1's (a live process) */
+    ck_sub = msv_slot_submit(c, sub, "s", &p, &prompt, 1, NULL);
+    ck_run = msv_slot_submit(c, run, "r", &p, &prompt, 1, NULL);
+    msv_slot_submit(c, fin, "f", &p, &prompt, 1, NULL);
+    msv_slot_submit(c, abo, "a", &p, &prompt, 1, NULL);
+    worker_move(c, run, MSV_SLOT_SUBMITTED, MSV_SLOT_RUNNING);
+    worker_move(c, fin, MSV_SLOT_SUBMITTED, MSV_SLOT_FINISHED);
+    worker_move(c, abo, MSV_SLOT_SUBMITTED, MSV_SLOT_ABORTED);
+
+    /* pid 1's slot, running (its submit is not ours to make: the state
+     * and the cookie written as they would be) */
+    ck_other = 0x5eed;
+    __atomic_store_n(&msv_slot_at(c, other)->cookie, ck_other,
+                     __ATOMIC_RELAXED);
+    set_state(c, other, 1, MSV_SLOT_RUNNING);
+
+    memset(&ad, 0, sizeof(ad));
+    n = msv_slots_adopt(c, getpid(), adopt_cb, &ad);
+
+    tap_ok(n == 2 && msv_slot_state(c, fin) == MSV_SLOT_FREE
+           && msv_slot_state(c, abo) == MSV_SLOT_FREE,
+           "adopt: the FINISHED and the ABORTED slot freed (%u)", n);
+    i = ad.n == 2
+        && ((ad.slot[0] == (uint32_t) sub && ad.cookie[0] == ck_sub
+             && ad.slot[1] == (uint32_t) run && ad.cookie[1] == ck_run)
+            || (ad.slot[1] == (uint32_t) sub && ad.cookie[1] == ck_sub
+                && ad.slot[0] == (uint32_t) run && ad.cookie[0] == ck_run));
+    tap_ok(i, "adopt: the SUBMITTED and the RUNNING slot handed back with "
+           "their cookies (%u)", ad.n);
+    tap_ok(msv_slot_state(c, sub) == MSV_SLOT_SUBMITTED
+           && msv_slot_state(c, run) == MSV_SLOT_RUNNING
+           && atomic_load(&msv_slot_at(c, sub)->cancel) == 1
+           && atomic_load(&msv_slot_at(c, run)->cancel) == 1,
+           "adopt: those stay, cancelled, for the worker to end");
+    tap_ok(msv_slot_state(c, cl) == MSV_SLOT_CLAIMED
+           && msv_slot_state(c, other) == MSV_SLOT_RUNNING
+           && atomic_load(&msv_slot_at(c, other)->cancel) == 0,
+           "adopt: a CLAIMED slot and another pid's slot untouched");
+
+    /* the orphans end: their last rows free them */
+    worker_move(c, sub, MSV_SLOT_SUBMITTED, MSV_SLOT_ABORTED);
+    worker_move(c, run, MSV_SLOT_RUNNING, MSV_SLOT_ABORTED);
+    tap_ok(msv_slot_release(c, sub, ck_sub) == 0
+           && msv_slot_release(c, run, ck_run) == 0,
+           "adopt: the orphans released by their cookies at their end");
+
+    memset(&ad, 0, sizeof(ad));
+    tap_ok(msv_slots_adopt(c, getpid(), adopt_cb, &ad) == 0 && ad.n == 0,
+           "adopt: nothing left a second time");
+
+    msv_slot_unclaim(c, cl);
+    set_state(c, other, 0, MSV_SLOT_FREE);
+    msv_slot_census(c, census);
+    tap_ok(census[MSV_SLOT_FREE] == N_SLOTS, "adopt: table clean after");
+}
+
+
 int
 main(void)
 {
@@ -464,6 +575,7 @@ main(void)
     test_cycle(rg.ctrl);
     test_race(rg.ctrl);
     test_reap(rg.ctrl);
+    test_adopt(rg.ctrl);
 
     msv_region_unmap(&rg);
     msv_region_unlink(name);
