@@ -79,7 +79,7 @@ struct msv_attn_args {
     /* the decode kernel's serial form: blocks of a kv head at most
      * (0: as many as the GPU holds at once, each walking every
      * walk_cols-th token; tests set a few, so that blocks walk several);
-     * walk_n is set by attention_forward (the tokens it walks) */
+     * walk_n is set by the decode kernel's launcher (the tokens it walks) */
     uint32_t        walk_cols;
     uint32_t        walk_n;
 };

@@ -460,8 +460,7 @@ msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
     bufs.n = 0;
     rc = msv_check_attention(&bufs, out, q, q_stride, n_heads, n_kv_heads,
                              head_dim, scale, kv, mode, stages, walk_cols,
-                             tiled,
-                             min_run, n_tiles, err, errlen);
+                             tiled, min_run, n_tiles, err, errlen);
     msv_check_free(&bufs);
     return rc;
 }

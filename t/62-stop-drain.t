@@ -36,6 +36,14 @@ $t->start_nginx(processes => 2,
                 http => "    maskserve_worker_stall_timeout ${STALL}s;\n");
 my $true = JSON::PP::true;
 my $V = $t->health->{workers}[0]{vocab_size};
+
+# whether the stack answers a one-token request within $timeout s
+sub serving {
+    my ($timeout) = @_;
+    return MsvTest::wait_for(sub {
+        $t->generate({ token_ids => [1], sampling_params => { max_tokens => 1 } })
+          ->{status} == 200 }, $timeout);
+}
 # streams that must still run when every slot is seen taken, or outlast
 # the drain, are sized by the backend's measured rate: a GPU runs a batch
 # of the tiny model's sequences as fast as one
@@ -53,9 +61,7 @@ if ($lasts < 3 * $DRAIN) {
     $w->{args}[$i + 1] = $DRAIN;
     $t->stop_worker($w);
     $t->restart_worker($w);
-    ok(MsvTest::wait_for(sub {
-        $t->generate({ token_ids => [1], sampling_params => { max_tokens => 1 } })
-          ->{status} == 200 }, 20), "the worker back with --drain-timeout $DRAIN");
+    ok(serving(20), "the worker back with --drain-timeout $DRAIN");
 }
 diag("streams of $LONG tokens at $RATE tokens/s, --drain-timeout $DRAIN s");
 
@@ -197,9 +203,7 @@ sub in_use { my $h = $t->health; $h && $h->{workers}[0]{slots_in_use} }
     my $r = $t->generate({ token_ids => [1] });
     is($r->{status}, 503, 'new requests: 503 while it is down');
     $t->restart_worker($w);
-    ok(MsvTest::wait_for(sub {
-        $t->generate({ token_ids => [1], sampling_params => { max_tokens => 1 } })
-          ->{status} == 200 }, 10), 'served again once it is back');
+    ok(serving(10), 'served again once it is back');
 }
 
 unlike($t->error_log, qr/\[(alert|emerg)\]|exited on signal/, 'no nginx alerts or crashes');
