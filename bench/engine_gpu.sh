@@ -11,13 +11,14 @@
 #   3. bench/engine.sh: the decode floor and the worker's decode and
 #      prefill rates (dummy qwen3-8b), then bench/kv_read_rate: the
 #      attention's read ceilings (sequential, and its K/V page pattern at
-#      32 and 8 warps an SM);
+#      32 and 8 warps an SM), and bench/gemv_rate: the small-batch
+#      products' shapes against a sequential read of the same weights;
 #   4. t/05-worker-cli.t on --backend cuda;
 #   5. compute-sanitizer over the kernel checks (test_backend -k).
 #
 # Logs go to $OUT (default build-gpu/out): gpu.log (all of it), check.log,
-# engine.log, kv_read_rate.txt, t05.log, sanitizer.log, engine.tar.gz (the
-# per-step lines and rows).
+# engine.log, kv_read_rate.txt, gemv_rate.txt, t05.log, sanitizer.log,
+# engine.tar.gz (the per-step lines and rows).
 # yajl comes from the Debian packages in .debs/ when the system has none.
 
 set -u -o pipefail
@@ -62,6 +63,14 @@ stamp "bench/kv_read_rate"
     && timeout ${READS_S:-60} "$B/bench/kv_read_rate" 32 8 \
     | tee "$OUT/kv_read_rate.txt"
 echo "kv_read_rate exit $?"
+
+stamp "bench/gemv_rate"
+"${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}" \
+    -O2 -gencode arch=compute_90,code=sm_90 -Ikernels -Ibench \
+    -o "$B/bench/gemv_rate" bench/gemv_rate.cu kernels/cuda_common.cu \
+    -lcublas \
+    && timeout ${GEMV_S:-60} "$B/bench/gemv_rate" | tee "$OUT/gemv_rate.txt"
+echo "gemv_rate exit $?"
 
 stamp "t/05 on the CUDA backend"
 MSV_BUILD=$PWD/$B MSV_BACKEND=cuda timeout ${T05_S:-40} \

@@ -1442,7 +1442,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     struct msv_qkv_args             qa;
     struct msv_attn_args            aa;
     size_t                          kv_bytes;
-    int                             f, gu_dtype;
+    int                             f, fd, gu_dtype;
 
     kv_bytes = (size_t) b->n_pages_alloc * b->page_elems
                * (b->kv_bf16 ? 2 : 4);
@@ -1524,6 +1524,24 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
                                  c->hidden, c->rms_eps, b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_NORM);
+    fd = msv_act_fmt_for(&L->down, b->split);
+    if (fd == MSV_ACT_BF16 && L->gate_up.rows == 2 * c->intermediate
+        && gemv_silu_usable(&L->gate_up, f, n, b->pin != NULL))
+    {
+        /* the GEMV takes the batch: SiLU·up in the gate/up product's
+         * kernel, bf16 into b->gu, which the down product reads (the
+         * same bits as the product, then silu_mul_forward) */
+        MSV_CUDA_TRY(gemv_silu_forward(&L->gate_up, b->act, n, b->gu,
+                                       b->stream), err, errlen);
+        msv_cuda_mark(b, MSV_TM_GEMM);
+        if (linear_forward(b->cublas, b->pin, &L->down, b->gu, fd, n, b->x,
+                           1, b->tmp, b->stream, err, errlen) != 0)
+        {
+            return -1;
+        }
+        msv_cuda_mark(b, MSV_TM_GEMM);
+        return 0;
+    }
     /* bf16 precision (bf16 weights read as bf16 activations): the
      * product is written bf16 (half the bytes written and read again by
      * SiLU·up), except where the GEMV takes the batch (its sums stay
@@ -1541,11 +1559,10 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     }
     msv_cuda_mark(b, MSV_TM_GEMM);
 
-    f = msv_act_fmt_for(&L->down, b->split);
-    MSV_CUDA_TRY(silu_mul_forward(b->act, f, b->gu, gu_dtype, n,
+    MSV_CUDA_TRY(silu_mul_forward(b->act, fd, b->gu, gu_dtype, n,
                                   c->intermediate, b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_SILU);
-    if (linear_forward(b->cublas, b->pin, &L->down, b->act, f, n, b->x, 1,
+    if (linear_forward(b->cublas, b->pin, &L->down, b->act, fd, n, b->x, 1,
                        b->tmp, b->stream, err, errlen) != 0)
     {
         return -1;

@@ -10,130 +10,8 @@
 
 #include "model.h"
 #include "gemm.cuh"
+#include "gemv.cuh"
 #include "elementwise.cuh"
-
-#define MSV_GEMV_WARPS  4
-#define MSV_GEMV_ROWS   2              /* weight rows per warp */
-#define MSV_GEMV_UNROLL 4
-
-
-/*
- * out[m][r] (+)= sum_k w[r][k] act[m][k] for M batch rows, bf16 in, fp32
- * sums: a warp takes MSV_GEMV_ROWS weight rows, each lane 16-byte words
- * (8 elements) of them, MSV_GEMV_UNROLL words in flight; the activation
- * words come through the cache, each used for every row of the warp.
- * Decode at small batch reads every weight once at near copy speed,
- * which cuBLAS does not at M = 1.
- */
-/* The weight words of the round from word k of each of the warp's rows:
- * k + 32 i, i < MSV_GEMV_UNROLL, zero past the row's nw words. */
-static __device__ __forceinline__ void
-msv_gemv_words(uint4 wv[MSV_GEMV_UNROLL][MSV_GEMV_ROWS],
-    const uint4 *const wr[MSV_GEMV_ROWS], uint32_t k, uint32_t nw)
-{
-    int  i, q;
-
-#pragma unroll
-    for (i = 0; i < MSV_GEMV_UNROLL; i++) {
-#pragma unroll
-        for (q = 0; q < MSV_GEMV_ROWS; q++) {
-            wv[i][q] = k + 32 * i < nw ? __ldcs(wr[q] + k + 32 * i)
-                                       : make_uint4(0, 0, 0, 0);
-        }
-    }
-}
-
-template <int M>
-static __global__ void __launch_bounds__(MSV_GEMV_WARPS * 32)
-gemv_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *act,
-    uint32_t rows, uint32_t cols, float *out, int accumulate)
-{
-    const uint4  *wr[MSV_GEMV_ROWS], *xr[M];
-    uint4         wv[MSV_GEMV_UNROLL][MSV_GEMV_ROWS], xv;
-    float         acc[MSV_GEMV_ROWS][M];
-    uint32_t      r0, lane, nw, k, i, u;
-    int           q, m, off;
-    float2        a, b;
-
-    r0 = (blockIdx.x * MSV_GEMV_WARPS + (threadIdx.x >> 5)) * MSV_GEMV_ROWS;
-    lane = threadIdx.x & 31;
-    if (r0 >= rows) {
-        return;
-    }
-    nw = cols / 8;
-
-#pragma unroll
-    for (q = 0; q < MSV_GEMV_ROWS; q++) {
-        wr[q] = (const uint4 *) (w + (size_t) min(r0 + q, rows - 1) * cols);
-#pragma unroll
-        for (m = 0; m < M; m++) {
-            acc[q][m] = 0.0f;
-        }
-    }
-#pragma unroll
-    for (m = 0; m < M; m++) {
-        xr[m] = (const uint4 *) (act + (size_t) m * cols);
-    }
-
-    /* the first round's weight words are requested before waiting for
-     * the kernel that writes act (msv_grid_wait): under a programmatic
-     * launch they load while that kernel finishes */
-    msv_gemv_words(wv, wr, lane, nw);
-    msv_grid_wait();
-    msv_grid_release();
-
-    for (k = lane; k < nw; k += 32 * MSV_GEMV_UNROLL) {
-        /* every weight word of this round first: loads in flight */
-        if (k != lane) {
-            msv_gemv_words(wv, wr, k, nw);
-        }
-#pragma unroll
-        for (i = 0; i < MSV_GEMV_UNROLL; i++) {
-            if (k + 32 * i >= nw) {
-                continue;
-            }
-#pragma unroll
-            for (m = 0; m < M; m++) {
-                xv = __ldg(xr[m] + k + 32 * i);
-#pragma unroll
-                for (u = 0; u < 4; u++) {
-                    a = __bfloat1622float2(((const __nv_bfloat162 *) &xv)[u]);
-#pragma unroll
-                    for (q = 0; q < MSV_GEMV_ROWS; q++) {
-                        b = __bfloat1622float2(
-                                ((const __nv_bfloat162 *) &wv[i][q])[u]);
-                        acc[q][m] += a.x * b.x + a.y * b.y;
-                    }
-                }
-            }
-        }
-    }
-
-#pragma unroll
-    for (q = 0; q < MSV_GEMV_ROWS; q++) {
-#pragma unroll
-        for (m = 0; m < M; m++) {
-            for (off = 16; off > 0; off >>= 1) {
-                acc[q][m] += __shfl_xor_sync(0xffffffffu, acc[q][m], off);
-            }
-        }
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (q = 0; q < MSV_GEMV_ROWS; q++) {
-            if (r0 + q >= rows) {
-                break;
-            }
-#pragma unroll
-            for (m = 0; m < M; m++) {
-                float  *o = out + (size_t) m * rows + r0 + q;
-
-                *o = accumulate ? *o + acc[q][m] : acc[q][m];
-            }
-        }
-    }
-}
-
 
 int
 gemv_usable(const struct msv_dmat *w, int fmt, uint32_t n, int invariant)
@@ -143,34 +21,60 @@ gemv_usable(const struct msv_dmat *w, int fmt, uint32_t n, int invariant)
 }
 
 
-cudaError_t
-gemv_forward(const struct msv_dmat *w, const void *act, uint32_t n,
-    float *out, int accumulate, cudaStream_t stream)
+/*
+ * The GEMV's shape for n rows (gemv.cuh's M, R, U, KS and W), the fastest
+ * of bench/gemv_rate.cu's candidates on the H200 at n = 1, 2, 4 and 8
+ * (bench/results/engine.md): eight warps to a row at n <= 2, where the
+ * time is the weight read, down to one at n >= 6, where the products
+ * weigh.  Every R is even (the SILU form pairs rows).
+ */
+#define MSV_GEMV_SHAPES(X)                                                   \
+    X(1, 2, 2, 8, 8) X(2, 2, 2, 8, 8)                                        \
+    X(3, 4, 2, 4, 4) X(4, 4, 2, 4, 4) X(5, 4, 2, 4, 4)                       \
+    X(6, 2, 4, 1, 4) X(7, 2, 4, 1, 4) X(8, 2, 4, 1, 4)
+
+template <bool SILU>
+static cudaError_t
+msv_gemv(const struct msv_dmat *w, const void *act, uint32_t n, void *out,
+    int accumulate, cudaStream_t stream)
 {
     const __nv_bfloat16  *wp = (const __nv_bfloat16 *) w->p;
     const __nv_bfloat16  *x = (const __nv_bfloat16 *) act;
-    unsigned              blocks;
 
-    blocks = MSV_CEIL_DIV(w->rows, (uint32_t) (MSV_GEMV_WARPS
-                                               * MSV_GEMV_ROWS));
     switch (n) {
-#define MSV_GEMV_CASE(M)                                                     \
+#define MSV_GEMV_CASE(M, R, U, KS, W)                                        \
     case M:                                                                  \
-        return msv_launch(gemv_kernel<M>, dim3(blocks),                     \
-                          dim3(MSV_GEMV_WARPS * 32), 0, stream, wp, x,       \
-                          w->rows, w->cols, out, accumulate)
-    MSV_GEMV_CASE(1);
-    MSV_GEMV_CASE(2);
-    MSV_GEMV_CASE(3);
-    MSV_GEMV_CASE(4);
-    MSV_GEMV_CASE(5);
-    MSV_GEMV_CASE(6);
-    MSV_GEMV_CASE(7);
-    MSV_GEMV_CASE(8);
+        return gemv_launch_m<M, R, U, KS, false, W, SILU>(                   \
+                   wp, x, w->rows, w->cols, out, accumulate, stream);
+    MSV_GEMV_SHAPES(MSV_GEMV_CASE)
 #undef MSV_GEMV_CASE
     default:
         return cudaErrorInvalidValue;
     }
+}
+
+
+cudaError_t
+gemv_forward(const struct msv_dmat *w, const void *act, uint32_t n,
+    float *out, int accumulate, cudaStream_t stream)
+{
+    return msv_gemv<false>(w, act, n, out, accumulate, stream);
+}
+
+
+int
+gemv_silu_usable(const struct msv_dmat *w, int fmt, uint32_t n,
+    int invariant)
+{
+    return gemv_usable(w, fmt, n, invariant) && w->rows % 2 == 0;
+}
+
+
+cudaError_t
+gemv_silu_forward(const struct msv_dmat *w, const void *act, uint32_t n,
+    void *out, cudaStream_t stream)
+{
+    return msv_gemv<true>(w, act, n, out, 0, stream);
 }
 
 

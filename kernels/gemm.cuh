@@ -95,6 +95,18 @@ int gemv_usable(const struct msv_dmat *w, int fmt, uint32_t n,
 cudaError_t gemv_forward(const struct msv_dmat *w, const void *act,
     uint32_t n, float *out, int accumulate, cudaStream_t stream);
 
+/* Whether gemv_silu_forward takes w: gemv_usable, and an even number of
+ * rows (gate rows, then as many up rows). */
+int gemv_silu_usable(const struct msv_dmat *w, int fmt, uint32_t n,
+    int invariant);
+
+/* out [n][w->rows / 2] = silu(gate) * up as bf16, gate and up the two
+ * halves of act . w^T (rows 0 .. rows/2 - 1 and rows/2 ..): bit for bit
+ * gemv_forward's fp32 products through silu_mul_forward to bf16, in one
+ * kernel.  out must not overlap act. */
+cudaError_t gemv_silu_forward(const struct msv_dmat *w, const void *act,
+    uint32_t n, void *out, cudaStream_t stream);
+
 /* The activation format (enum msv_act_fmt) a product with w reads: fp32
  * for fp32 weights; for bf16 weights BF16X2 when split, else BF16. */
 int msv_act_fmt_for(const struct msv_dmat *w, int split);

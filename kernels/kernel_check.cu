@@ -466,20 +466,25 @@ msv_cuda_run_attention(float *out, const float *q, uint32_t q_stride,
 }
 
 
+/* The GEMV on the device: plain (out fp32 [n][rows], uploaded first for
+ * accumulate) or with SiLU·up fused (silu: out bf16 [n][rows / 2]). */
 static int
-msv_check_gemv(struct msv_check_bufs *bufs, float *out, const uint16_t *w,
+msv_check_gemv(struct msv_check_bufs *bufs, void *out, const uint16_t *w,
     const uint16_t *act, uint32_t rows, uint32_t cols, uint32_t n,
-    int accumulate, char *err, size_t errlen)
+    int accumulate, int silu, char *err, size_t errlen)
 {
     struct msv_dmat  m;
     void            *dw, *dx, *dout;
+    size_t           out_bytes;
 
+    out_bytes = silu ? (size_t) n * (rows / 2) * 2
+                     : (size_t) n * rows * sizeof(float);
     if (msv_check_put(bufs, &dw, w, (size_t) rows * cols * 2, err, errlen)
         != 0
         || msv_check_put(bufs, &dx, act, (size_t) n * cols * 2, err, errlen)
            != 0
-        || msv_check_put(bufs, &dout, out, (size_t) n * rows * sizeof(float),
-                         err, errlen) != 0)
+        || msv_check_put(bufs, &dout, silu ? NULL : out, out_bytes, err,
+                         errlen) != 0)
     {
         return -1;
     }
@@ -487,16 +492,22 @@ msv_check_gemv(struct msv_check_bufs *bufs, float *out, const uint16_t *w,
     m.dtype = MSV_BF16;
     m.rows = rows;
     m.cols = cols;
-    if (!gemv_usable(&m, MSV_ACT_BF16, n, 0)) {
-        snprintf(err, errlen, "kernel check: gemv not usable for %u x %u, "
-                 "n %u", rows, cols, n);
+    if (silu ? !gemv_silu_usable(&m, MSV_ACT_BF16, n, 0)
+             : !gemv_usable(&m, MSV_ACT_BF16, n, 0))
+    {
+        snprintf(err, errlen, "kernel check: gemv%s not usable for %u x %u, "
+                 "n %u", silu ? " with SiLU·up" : "", rows, cols, n);
         return -1;
     }
-    MSV_CUDA_TRY(gemv_forward(&m, dx, n, (float *) dout, accumulate, 0),
-                 err, errlen);
+    if (silu) {
+        MSV_CUDA_TRY(gemv_silu_forward(&m, dx, n, dout, 0), err, errlen);
+    } else {
+        MSV_CUDA_TRY(gemv_forward(&m, dx, n, (float *) dout, accumulate, 0),
+                     err, errlen);
+    }
     MSV_CUDA_TRY(cudaDeviceSynchronize(), err, errlen);
-    MSV_CUDA_TRY(cudaMemcpy(out, dout, (size_t) n * rows * sizeof(float),
-                            cudaMemcpyDeviceToHost), err, errlen);
+    MSV_CUDA_TRY(cudaMemcpy(out, dout, out_bytes, cudaMemcpyDeviceToHost),
+                 err, errlen);
     return 0;
 }
 
@@ -510,7 +521,22 @@ msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
     int                    rc;
 
     bufs.n = 0;
-    rc = msv_check_gemv(&bufs, out, w, act, rows, cols, n, accumulate, err,
+    rc = msv_check_gemv(&bufs, out, w, act, rows, cols, n, accumulate, 0,
+                        err, errlen);
+    msv_check_free(&bufs);
+    return rc;
+}
+
+
+extern "C" int
+msv_cuda_run_gemv_silu(uint16_t *out, const uint16_t *w, const uint16_t *act,
+    uint32_t rows, uint32_t cols, uint32_t n, char *err, size_t errlen)
+{
+    struct msv_check_bufs  bufs;
+    int                    rc;
+
+    bufs.n = 0;
+    rc = msv_check_gemv(&bufs, out, w, act, rows, cols, n, 0, 1, err,
                         errlen);
     msv_check_free(&bufs);
     return rc;

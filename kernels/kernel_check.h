@@ -84,6 +84,13 @@ int msv_cuda_run_gemv(float *out, const uint16_t *w, const uint16_t *act,
     uint32_t rows, uint32_t cols, uint32_t n, int accumulate, char *err,
     size_t errlen);
 
+/* out [n][rows / 2] = silu(gate) * up as bf16 bits, gate and up the two
+ * halves of act . w^T, through the GEMV with SiLU·up fused
+ * (gemv_silu_forward; rows even, n <= 8). */
+int msv_cuda_run_gemv_silu(uint16_t *out, const uint16_t *w,
+    const uint16_t *act, uint32_t rows, uint32_t cols, uint32_t n,
+    char *err, size_t errlen);
+
 /* out [n_rows][n] = silu(gate) * up as format fmt, read back as fp32
  * (BF16X2 as hi + lo); gu [n_rows][2 n] (gate, then up), uploaded as
  * bf16 (rounded) when gu_bf16, else fp32. */

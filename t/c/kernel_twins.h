@@ -787,17 +787,75 @@ twin_product_bf16(float *ref, const uint16_t *w, const uint16_t *x,
 }
 
 
-/* The small-batch GEMV path (n <= 8), with and without accumulate, and
- * the bf16-output product (the gate/up product of bf16 batches the GEMV
- * does not take; every case without accumulate) against a
- * double-precision product. */
+/* The GEMV with SiLU·up fused, w the gate/up matrix [rows][cols] (rows
+ * even): bit for bit the plain GEMV's fp32 products gu [n][rows] through
+ * silu_mul_forward (on the device), and within bf16 rounding of SiLU·up
+ * on the double products ref [n][rows]. */
+static void
+check_gemv_silu(const uint16_t *w, const uint16_t *x, uint32_t rows,
+    uint32_t cols, uint32_t n, const float *gu, const float *ref)
+{
+    char       err[512];
+    uint16_t  *o16;
+    float     *fused, *unfused, *twin;
+    uint32_t   h = rows / 2, r, c;
+    size_t     i, diff;
+    double     g, u;
+
+    o16 = chk_alloc((size_t) n * h * sizeof(uint16_t));
+    fused = chk_alloc((size_t) n * h * sizeof(float));
+    unfused = chk_alloc((size_t) n * h * sizeof(float));
+    twin = chk_alloc((size_t) n * h * sizeof(float));
+    for (r = 0; r < n; r++) {
+        for (c = 0; c < h; c++) {
+            g = ref[(size_t) r * rows + c];
+            u = ref[(size_t) r * rows + h + c];
+            twin[(size_t) r * h + c] = (float) (g / (1.0 + exp(-g)) * u);
+        }
+    }
+    if (msv_cuda_run_gemv_silu(o16, w, x, rows, cols, n, err, sizeof(err))
+        != 0)
+    {
+        chk_fail("kernel gemv+silu: %s", err);
+    } else if (msv_cuda_run_silu_mul(unfused, MSV_CHECK_BF16, gu, 0, n, h,
+                                     err, sizeof(err)) != 0)
+    {
+        chk_fail("kernel silu_mul: %s", err);
+    } else {
+        diff = 0;
+        for (i = 0; i < (size_t) n * h; i++) {
+            fused[i] = chk_bf16_val(o16[i]);
+            diff += memcmp(&fused[i], &unfused[i], sizeof(float)) != 0;
+        }
+        tap_ok(diff == 0, "kernel gemv+silu %ux%u n=%u: the GEMV then "
+               "silu_mul, bit for bit (%zu of %zu differ)", rows, cols, n,
+               diff, (size_t) n * h);
+        if (diff != 0) {
+            chk_failed++;
+        }
+        chk_record(chk_rel_rows(fused, twin, n, h), 4e-3,
+                   "kernel gemv+silu %ux%u n=%u", rows, cols, n);
+    }
+    free(o16);
+    free(fused);
+    free(unfused);
+    free(twin);
+}
+
+
+/* The small-batch GEMV path (n <= 8), with and without accumulate, with
+ * SiLU·up fused (even rows, no accumulate), and the bf16-output product
+ * (the gate/up product of bf16 batches the GEMV does not take; every case
+ * without accumulate) against a double-precision product. */
 static void
 check_gemv(void)
 {
     static const uint32_t  cases[][4] = {   /* rows, cols, n, accumulate */
         { 37, 8, 1, 0 }, { 4096, 4096, 1, 1 }, { 1000, 12288, 3, 0 },
         { 6144, 4096, 8, 1 }, { 33, 2056, 5, 0 }, { 151, 1024, 2, 1 },
-        { 1, 64, 7, 0 }, { 37, 8, 9, 0 }, { 2048, 4096, 64, 0 },
+        { 1, 64, 7, 0 }, { 4099, 4104, 4, 1 }, { 257, 136, 6, 0 },
+        { 2048, 4096, 1, 0 }, { 130, 1032, 2, 0 }, { 98, 2056, 5, 0 },
+        { 6, 136, 8, 0 }, { 37, 8, 9, 0 }, { 2048, 4096, 64, 0 },
         { 1000, 1024, 17, 0 }, { 96, 2056, 256, 0 },
     };
     char       err[512];
@@ -836,6 +894,9 @@ check_gemv(void)
             chk_record(chk_rel_rows(out, ref, n, rows), CHK_TOL_KERNEL,
                        "kernel gemv %ux%u n=%u%s", rows, cols, n,
                        cases[k][3] ? " accumulate" : "");
+            if (!cases[k][3] && rows % 2 == 0) {
+                check_gemv_silu(w, x, rows, cols, n, out, ref);
+            }
         }
         if (!cases[k][3]) {
             o16 = chk_alloc((size_t) n * rows * sizeof(uint16_t));
