@@ -86,6 +86,10 @@ static const struct variant  variants[] = {
     V(1, 4, 8, false, 8),
     V(2, 2, 8, false, 8),
     V(4, 2, 8, false, 8),
+    V(2, 1, 8, false, 8),
+    V(4, 1, 8, false, 8),
+    V(2, 2, 16, false, 16),
+    V(2, 1, 16, false, 16),
 };
 
 #define N_VARIANTS  (int) (sizeof(variants) / sizeof(variants[0]))
