@@ -25,11 +25,12 @@ gemv_usable(const struct msv_dmat *w, int fmt, uint32_t n, int invariant)
  * The GEMV's shape for n rows (gemv.cuh's M, R, U, KS and W), the fastest
  * of bench/gemv_rate.cu's candidates on the H200 at n = 1, 2, 4 and 8
  * (bench/results/engine.md): eight warps to a row at n <= 2, where the
- * time is the weight read, down to one at n >= 6, where the products
- * weigh.  Every R is even (the SILU form pairs rows).
+ * time is the weight read (at n = 2 four rows a group, a word a lane a
+ * round), down to one at n >= 6, where the products weigh.  Every R is
+ * even (the SILU form pairs rows).
  */
 #define MSV_GEMV_SHAPES(X)                                                   \
-    X(1, 2, 2, 8, 8) X(2, 2, 2, 8, 8)                                        \
+    X(1, 2, 2, 8, 8) X(2, 4, 1, 8, 8)                                        \
     X(3, 4, 2, 4, 4) X(4, 4, 2, 4, 4) X(5, 4, 2, 4, 4)                       \
     X(6, 2, 4, 1, 4) X(7, 2, 4, 1, 4) X(8, 2, 4, 1, 4)
 
