@@ -37,7 +37,9 @@
  * words come out as the same numbers the scalar code gets with its borrow
  * and carry), then the text of each laid out by the scalar code
  * (msv_f32_text).  Ids below 10^8: the digit words with their ',' shifted
- * into place, stored whole.  The text is the scalar code's, byte for byte
+ * into place, stored whole.  An array of eight or more ends with the
+ * eight numbers that end it, of which only the lanes not yet written are
+ * written (no scalar tail).  The text is the scalar code's, byte for byte
  * (t/c/test_json.c; tools/f32_check_all.c on every float32).
  */
 
@@ -761,30 +763,61 @@ msv_f32_digits_avx2(const float *v, uint64_t *hi, uint64_t *w, int32_t *x)
 }
 
 
-/* msv_json_f32s_part, eight floats at a time */
-MSV_AVX2 static char *
-msv_json_f32s_avx2(char *p, const float *v, uint32_t n)
+/*
+ * The text of the eight floats at v from lane "from" on, each with its
+ * ','.  An array's last n % 8 floats are the last lanes of the eight
+ * that end it (which overlap floats already written): at a cost no higher
+ * than the scalar code's for one float, and lower from two on (a 20-float
+ * row 318 -> 252 ns here).
+ */
+MSV_AVX2_HOT char *
+msv_f32s8_avx2(char *p, const void *src, uint32_t from)
 {
-    int32_t   x[8];
-    uint32_t  i, j, bits;
-    uint64_t  hi[8], w[8];
+    int32_t       x[8];
+    uint32_t      j, bits;
+    uint64_t      hi[8], w[8];
+    const float  *v = src;
 
-    for (i = 0; i + 8 <= n; i += 8) {
-        msv_f32_digits_avx2(v + i, hi, w, x);
+    msv_f32_digits_avx2(v, hi, w, x);
 
-        for (j = 0; j < 8; j++) {
-            memcpy(&bits, &v[i + j], 4);
-            p = msv_f32_text(p, bits, (uint32_t) hi[j], w[j], x[j]);
-            *p++ = ',';
-        }
-    }
-
-    for ( ; i < n; i++) {
-        p = msv_put_f32(p, v[i]);
+    for (j = from; j < 8; j++) {
+        memcpy(&bits, &v[j], 4);
+        p = msv_f32_text(p, bits, (uint32_t) hi[j], w[j], x[j]);
         *p++ = ',';
     }
 
     return p;
+}
+
+
+/*
+ * An array of n >= 8 numbers of 4 bytes at v, eight at a time by batch
+ * (msv_f32s8_avx2, msv_ids8_avx2), the last n % 8 as the last lanes of
+ * the eight that end it.
+ */
+MSV_AVX2_HOT char *
+msv_json_batches_avx2(char *p, const uint8_t *v, uint32_t n,
+    char *(*batch)(char *p, const void *src, uint32_t from))
+{
+    uint32_t  i;
+
+    for (i = 0; i + 8 <= n; i += 8) {
+        p = batch(p, v + 4 * i, 0);
+    }
+
+    if (i < n) {
+        p = batch(p, v + 4 * (n - 8), 8 - (n - i));
+    }
+
+    return p;
+}
+
+
+/* msv_json_f32s_part, eight floats at a time (n >= 8) */
+MSV_AVX2 static char *
+msv_json_f32s_avx2(char *p, const float *v, uint32_t n)
+{
+    return msv_json_batches_avx2(p, (const uint8_t *) v, n, msv_f32s8_avx2);
 }
 
 
@@ -806,53 +839,57 @@ msv_ids_words_avx2(__m256i v, __m256i nd, uint64_t *word)
 }
 
 
-/* msv_json_ids_part, eight ids at a time (those in 0..10^8 - 1) */
-MSV_AVX2 static char *
-msv_json_ids_avx2(char *p, const int32_t *ids, uint32_t n)
+/*
+ * The eight ids at ids from lane "from" on, each with its ','; all eight
+ * must be readable.  As msv_f32s8_avx2 for an array's last few ids.
+ */
+MSV_AVX2_HOT char *
+msv_ids8_avx2(char *p, const void *src, uint32_t from)
 {
-    __m256i   v, bad, nd;
-    uint32_t  i, j, len[8];
-    uint64_t  word[8];
+    __m256i         v, bad, nd;
+    uint32_t        j, len[8];
+    uint64_t        word[8];
+    const int32_t  *ids = src;
 
-    for (i = 0; i + 8 <= n; i += 8) {
-        v = _mm256_loadu_si256((const __m256i *) (ids + i));
-        bad = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), v),
-                              _mm256_cmpgt_epi32(v, msv_v32(MSV_1E8 - 1)));
+    v = _mm256_loadu_si256((const __m256i *) ids);
+    bad = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), v),
+                          _mm256_cmpgt_epi32(v, msv_v32(MSV_1E8 - 1)));
 
-        if (!_mm256_testz_si256(bad, bad)) {
-            for (j = 0; j < 8; j++) {
-                p = msv_put_i32(p, ids[i + j]);
-                *p++ = ',';
-            }
-            continue;
+    if (!_mm256_testz_si256(bad, bad)) {
+        for (j = from; j < 8; j++) {
+            p = msv_put_i32(p, ids[j]);
+            *p++ = ',';
         }
 
-        /* digits less one (0..7); the text takes them and the ',' */
-        nd = msv_count9_avx2(v);
-        _mm256_storeu_si256((__m256i *) len, _mm256_add_epi32(nd, msv_v32(2)));
-
-        msv_ids_words_avx2(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(v)),
-                           _mm256_cvtepu32_epi64(_mm256_castsi256_si128(nd)),
-                           word);
-        msv_ids_words_avx2(_mm256_cvtepu32_epi64(
-                               _mm256_extracti128_si256(v, 1)),
-                           _mm256_cvtepu32_epi64(
-                               _mm256_extracti128_si256(nd, 1)),
-                           word + 4);
-
-        for (j = 0; j < 8; j++) {
-            msv_store64(p, word[j]);
-            p[8] = ',';
-            p += len[j];
-        }
+        return p;
     }
 
-    for ( ; i < n; i++) {
-        p = msv_put_i32(p, ids[i]);
-        *p++ = ',';
+    /* digits less one (0..7); the text takes them and the ',' */
+    nd = msv_count9_avx2(v);
+    _mm256_storeu_si256((__m256i *) len, _mm256_add_epi32(nd, msv_v32(2)));
+
+    msv_ids_words_avx2(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(v)),
+                       _mm256_cvtepu32_epi64(_mm256_castsi256_si128(nd)),
+                       word);
+    msv_ids_words_avx2(_mm256_cvtepu32_epi64(_mm256_extracti128_si256(v, 1)),
+                       _mm256_cvtepu32_epi64(_mm256_extracti128_si256(nd, 1)),
+                       word + 4);
+
+    for (j = from; j < 8; j++) {
+        msv_store64(p, word[j]);
+        p[8] = ',';
+        p += len[j];
     }
 
     return p;
+}
+
+
+/* msv_json_ids_part, eight ids at a time (n >= 8) */
+MSV_AVX2 static char *
+msv_json_ids_avx2(char *p, const int32_t *ids, uint32_t n)
+{
+    return msv_json_batches_avx2(p, (const uint8_t *) ids, n, msv_ids8_avx2);
 }
 
 
