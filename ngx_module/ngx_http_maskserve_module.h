@@ -151,12 +151,23 @@ typedef struct {
  * entries' lengths, ids and logprobs.
  */
 typedef struct {
+    /*
+     * What every row touches first, up to and with the sections a row
+     * writes (ids, mask, mlps, mlen), in the order of the sections:
+     * ngx_http_maskserve_route_hint prefetches this part only.
+     */
+    unsigned                       admitted:1;    /* holds its slot */
+    unsigned                       done:1;        /* its last row came */
+    unsigned                       reported:1;    /* finish_reason sent */
+    unsigned                       seed_known:1;
+    unsigned                       started:1;     /* first row seen */
     ngx_uint_t                     index;
+    ngx_uint_t                     completion_tokens;
     ngx_http_maskserve_sec_t       ids;
     ngx_http_maskserve_sec_t       mask;
     ngx_http_maskserve_sec_t       mlps;
-    ngx_http_maskserve_sec_t       lpc;
     ngx_http_maskserve_sec_t       mlen;
+    ngx_http_maskserve_sec_t       lpc;
     ngx_http_maskserve_sec_t       tlen;
     ngx_http_maskserve_sec_t       tids;
     ngx_http_maskserve_sec_t       tlps;
@@ -165,14 +176,8 @@ typedef struct {
     ngx_uint_t                     slot;
     uint64_t                       cookie;
     uint64_t                       seed;
-    ngx_uint_t                     completion_tokens;
     ngx_uint_t                     finish;        /* enum msv_finish */
     ngx_uint_t                     abort_reason;  /* enum msv_abort */
-    unsigned                       admitted:1;    /* holds its slot */
-    unsigned                       done:1;        /* its last row came */
-    unsigned                       reported:1;    /* finish_reason sent */
-    unsigned                       seed_known:1;
-    unsigned                       started:1;     /* first row seen */
 
     /* the version of the weights it ran on, set at its end; kept
      * through an update, the tokens from weight_pos to weight_end came
@@ -186,46 +191,11 @@ typedef struct {
 
 
 struct ngx_http_maskserve_ctx_s {
-    ngx_http_request_t            *r;        /* NULL once the request is gone */
-    ngx_http_maskserve_loc_conf_t *lcf;
-    ngx_http_maskserve_region_t   *region;
-    ngx_uint_t                     slot;     /* choice 0's: the record's */
-    uint64_t                       cookie;
-    ngx_str_t                      id;
-
-    uint64_t                       seed;
-    ngx_uint_t                     prompt_tokens;
-    ngx_uint_t                     completion_tokens;
-    ngx_uint_t                     mask_entries;
-    ngx_uint_t                     mode;          /* enum msv_mask_mode */
-    ngx_int_t                      logprobs;      /* -1: none */
-    ngx_uint_t                     finish;        /* enum msv_finish */
-    ngx_uint_t                     abort_reason;  /* enum msv_abort */
-    ngx_uint_t                     live;          /* choices not done */
-
-    ngx_http_maskserve_err_t       err;           /* err.status 0: none */
-
-    /* output, formatted as rows arrive */
-    ngx_http_maskserve_choice_t   *choices;
-    ngx_uint_t                     n_choices;     /* sampling_params.n */
-    ngx_chain_t                   *free;          /* sent, any size */
-    ngx_chain_t                   *busy;
-    ngx_chain_t                   *free_small;    /* free, by size */
-    ngx_chain_t                   *free_big;
-    ngx_array_t                    blocks;        /* of BODY_BUF, u_char *,
-                                                     back to the process's
-                                                     cache at the end */
-    size_t                         buf_size;      /* of section buffers */
-    size_t                         pending;       /* bytes in the sections */
-    size_t                         in_flight;     /* bytes handed to nginx */
-    ngx_uint_t                     events;        /* stream events sent */
-
-    ngx_event_t                    timer;         /* flush and watchdog */
-    ngx_queue_t                    queue;         /* in region->dirty */
-    void                          *redis_get;     /* pending lookup */
-    void                          *fleet;         /* front: owner lookup */
-    void                          *fanout;        /* front: control fan-out */
-
+    /*
+     * What every row touches, through the output's free lists:
+     * ngx_http_maskserve_route_hint prefetches this part only (up to
+     * free_big).
+     */
     unsigned                       stream:1;
     unsigned                       packed:1;      /* mask_format "packed" */
     unsigned                       admitted:1;    /* holds slots */
@@ -237,6 +207,46 @@ struct ngx_http_maskserve_ctx_s {
     unsigned                       dirty:1;       /* in region->dirty */
     unsigned                       cancelled:1;
     unsigned                       aborting:1;    /* every slot cancelled */
+    ngx_http_maskserve_loc_conf_t *lcf;
+    ngx_uint_t                     mode;          /* enum msv_mask_mode */
+    ngx_int_t                      logprobs;      /* -1: none */
+    ngx_uint_t                     completion_tokens;
+    ngx_uint_t                     mask_entries;
+
+    /* output, formatted as rows arrive */
+    ngx_http_maskserve_choice_t   *choices;
+    ngx_uint_t                     n_choices;     /* sampling_params.n */
+    size_t                         buf_size;      /* of section buffers */
+    size_t                         pending;       /* bytes in the sections */
+    size_t                         in_flight;     /* bytes handed to nginx */
+    ngx_chain_t                   *busy;
+    ngx_chain_t                   *free;          /* sent, any size */
+    ngx_chain_t                   *free_small;    /* free, by size */
+    ngx_chain_t                   *free_big;
+    ngx_array_t                    blocks;        /* of BODY_BUF, u_char *,
+                                                     back to the process's
+                                                     cache at the end */
+    ngx_uint_t                     events;        /* stream events sent */
+
+    ngx_http_request_t            *r;        /* NULL once the request is gone */
+    ngx_http_maskserve_region_t   *region;
+    ngx_uint_t                     slot;     /* choice 0's: the record's */
+    uint64_t                       cookie;
+    ngx_str_t                      id;
+
+    uint64_t                       seed;
+    ngx_uint_t                     prompt_tokens;
+    ngx_uint_t                     finish;        /* enum msv_finish */
+    ngx_uint_t                     abort_reason;  /* enum msv_abort */
+    ngx_uint_t                     live;          /* choices not done */
+
+    ngx_http_maskserve_err_t       err;           /* err.status 0: none */
+
+    ngx_event_t                    timer;         /* flush and watchdog */
+    ngx_queue_t                    queue;         /* in region->dirty */
+    void                          *redis_get;     /* pending lookup */
+    void                          *fleet;         /* front: owner lookup */
+    void                          *fanout;        /* front: control fan-out */
 };
 
 

@@ -23,6 +23,7 @@
 #include "msv_ring.h"
 #include "msv_slots.h"
 #include "msv_link.h"
+#include "msv_json.h"
 #include "ngx_http_maskserve_module.h"
 #include "ngx_http_maskserve_util.h"
 #include "ngx_http_maskserve_attach.h"
@@ -48,7 +49,12 @@ static void ngx_http_maskserve_route_version(ngx_http_maskserve_choice_t *ch,
  * the cache on it (the context, the choice, the buffers and where they are
  * written next) than writing the numbers.  Prefetches only: nothing is
  * written, and a pointer is followed only while its slot entry says the
- * request is there (a request that ends in between clears e->ctx).
+ * request is there (a request that ends in between clears e->ctx).  Only
+ * the lines a row touches are fetched (the first parts of the context and
+ * of the choice, laid out for it, the words of a buffer that say where it
+ * is written, and the bytes the row will write there, up to
+ * NGX_HTTP_MASKSERVE_PREFETCH_OUT a section): prefetches beyond them
+ * held up the reader more than they saved.
  */
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -57,14 +63,27 @@ static void ngx_http_maskserve_route_version(ngx_http_maskserve_choice_t *ch,
 #define NGX_HTTP_MASKSERVE_PREFETCH_LINE(p, w)  ((void) (p))
 #endif
 
-#define NGX_HTTP_MASKSERVE_PREFETCH(p, bytes)                                 \
-    do {                                                                      \
-        const char  *p_ = (const char *) (p);                                 \
-        size_t       o_;                                                      \
-        for (o_ = 0; o_ < (bytes); o_ += 64) {                                \
-            NGX_HTTP_MASKSERVE_PREFETCH_LINE(p_ + o_, 0);                     \
-        }                                                                     \
-    } while (0)
+#define NGX_HTTP_MASKSERVE_PREFETCH_OUT  512
+
+/* the estimated text of n numbers of a row: ids, float32 (JSON; packed) */
+#define NGX_HTTP_MASKSERVE_ID_TEXT(packed, n)                                 \
+    ((packed) ? (size_t) (n) * 16 / 3 + 8 : (size_t) (n) * 8 + 2)
+#define NGX_HTTP_MASKSERVE_F32_TEXT(packed, n)                                \
+    ((packed) ? (size_t) (n) * 16 / 3 + 8 : (size_t) (n) * 12 + 2)
+
+
+static ngx_inline void
+ngx_http_maskserve_prefetch(const void *p, size_t bytes, int w)
+{
+    uintptr_t  a, end;
+
+    end = (uintptr_t) p + bytes;
+
+    for (a = (uintptr_t) p & ~(uintptr_t) 63; a < end; a += 64) {
+        NGX_HTTP_MASKSERVE_PREFETCH_LINE((const void *) a, w);
+    }
+}
+
 
 void
 ngx_http_maskserve_route_hint(void *ud, const struct msv_row *w,
@@ -72,6 +91,8 @@ ngx_http_maskserve_route_hint(void *ud, const struct msv_row *w,
 {
     ngx_http_maskserve_region_t  *rg = ud;
 
+    size_t                        end, est[4];
+    ngx_buf_t                    *b;
     ngx_uint_t                    i, n;
     ngx_http_maskserve_ctx_t     *ctx;
     ngx_http_maskserve_slot_t    *e;
@@ -90,7 +111,9 @@ ngx_http_maskserve_route_hint(void *ud, const struct msv_row *w,
     }
 
     if (ahead >= 4) {
-        NGX_HTTP_MASKSERVE_PREFETCH(ctx, sizeof(ngx_http_maskserve_ctx_t));
+        ngx_http_maskserve_prefetch(ctx,
+                                    offsetof(ngx_http_maskserve_ctx_t, blocks),
+                                    0);
         return;
     }
 
@@ -101,33 +124,48 @@ ngx_http_maskserve_route_hint(void *ud, const struct msv_row *w,
     ch = &ctx->choices[e->choice];
 
     if (ahead == 3) {
-        NGX_HTTP_MASKSERVE_PREFETCH(ch, sizeof(ngx_http_maskserve_choice_t));
+        end = ctx->logprobs >= 0
+              ? (ctx->packed ? offsetof(ngx_http_maskserve_choice_t, slot)
+                             : offsetof(ngx_http_maskserve_choice_t, tlen))
+              : ctx->packed ? offsetof(ngx_http_maskserve_choice_t, lpc)
+                            : offsetof(ngx_http_maskserve_choice_t, mlen);
+
+        ngx_http_maskserve_prefetch(ch, end, 0);
         return;
     }
 
     n = 0;
-    sec[n++] = &ch->ids;
+    sec[n] = &ch->ids;
+    est[n++] = MSV_I32_MAX_CHARS + 1;
 
     if (w->token >= 0 && ctx->mode != MSV_MASK_OFF) {
-        sec[n++] = &ch->mask;
-        sec[n++] = &ch->mlps;
+        sec[n] = &ch->mask;
+        est[n++] = NGX_HTTP_MASKSERVE_ID_TEXT(ctx->packed, w->n_support);
+        sec[n] = &ch->mlps;
+        est[n++] = NGX_HTTP_MASKSERVE_F32_TEXT(ctx->packed, w->n_lps);
 
         if (ctx->packed) {
-            sec[n++] = &ch->mlen;
+            sec[n] = &ch->mlen;
+            est[n++] = 8;
         }
     }
 
     for (i = 0; i < n; i++) {
-        if (sec[i]->buf == NULL) {
+        b = sec[i]->buf;
+
+        if (b == NULL) {
             continue;
         }
 
         if (ahead == 2) {
-            NGX_HTTP_MASKSERVE_PREFETCH(sec[i]->buf, sizeof(ngx_buf_t));
-
-        } else {
-            NGX_HTTP_MASKSERVE_PREFETCH_LINE(sec[i]->buf->last, 1);
+            /* pos .. end: where the buffer is written and its room */
+            ngx_http_maskserve_prefetch(b, offsetof(ngx_buf_t, file), 0);
+            continue;
         }
+
+        ngx_http_maskserve_prefetch(b->last,
+            ngx_min(est[i], ngx_min((size_t) (b->end - b->last),
+                                    NGX_HTTP_MASKSERVE_PREFETCH_OUT)), 1);
     }
 }
 
