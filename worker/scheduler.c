@@ -98,6 +98,7 @@ msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     s->b_pages = malloc(n * sizeof(const uint32_t *));
     s->b_npages = malloc(n * sizeof(uint32_t));
     s->r_order = malloc(n * sizeof(uint32_t));
+    s->a_order = malloc(n * sizeof(uint32_t));
     s->p_list = malloc(n * sizeof(uint32_t));
     s->b_order = malloc(n * sizeof(uint32_t));
     s->b_tok = malloc((size_t) (s->max_batched + n) * sizeof(int32_t));
@@ -105,6 +106,7 @@ msv_sched_init(struct msv_sched *s, struct msv_ctrl *c,
     if (s->pool == NULL || s->items == NULL || s->seqs == NULL || s->logits == NULL
         || s->b_seq == NULL || s->b_new == NULL || s->b_pos0 == NULL
         || s->b_pages == NULL || s->b_npages == NULL || s->r_order == NULL
+        || s->a_order == NULL
         || s->p_list == NULL
         || s->b_order == NULL || s->b_tok == NULL)
     {
@@ -166,6 +168,7 @@ msv_sched_free(struct msv_sched *s)
     free(s->b_pages);
     free(s->b_npages);
     free(s->r_order);
+    free(s->a_order);
     free(s->p_list);
     free(s->b_order);
     free(s->b_tok);
@@ -554,38 +557,34 @@ msv_sched_defer(struct msv_sched *s, struct msv_seq *q)
 }
 
 
-static int
-msv_cmp_ticket(const void *a, const void *b, void *ud)
+/*
+ * Admitted sequences in the given phases into r_order, oldest admission
+ * first; returns how many.  a_order holds them in that order as they come
+ * (admission appends) and go (msv_sched_forget), so a step filters it
+ * instead of sorting the sequences.
+ */
+static uint32_t
+msv_sched_in_order(struct msv_sched *s, int phase_a, int phase_b)
 {
-    struct msv_seq  *seqs = ud;
-    uint64_t         ta = seqs[*(const uint32_t *) a].ticket;
-    uint64_t         tb = seqs[*(const uint32_t *) b].ticket;
+    uint32_t  i, n;
+    int       ph;
 
-    return ta < tb ? -1 : ta > tb ? 1 : 0;
+    n = 0;
+    for (i = 0; i < s->n_active; i++) {
+        ph = s->seqs[s->a_order[i]].phase;
+        if (ph == phase_a || ph == phase_b) {
+            s->r_order[n++] = s->a_order[i];
+        }
+    }
+    return n;
 }
 
 
-/*
- * Running sequences (those with pages) into r_order, oldest admission
- * first; returns how many.
- */
+/* Running sequences (those with pages), oldest admission first. */
 static uint32_t
 msv_sched_running(struct msv_sched *s)
 {
-    uint32_t  i, n;
-
-    n = 0;
-    for (i = 0; i < s->n_slots; i++) {
-        if (s->seqs[i].phase == MSV_SEQ_PREFILL
-            || s->seqs[i].phase == MSV_SEQ_DECODE)
-        {
-            s->r_order[n++] = i;
-        }
-    }
-    if (n > 1) {
-        qsort_r(s->r_order, n, sizeof(uint32_t), msv_cmp_ticket, s->seqs);
-    }
-    return n;
+    return msv_sched_in_order(s, MSV_SEQ_PREFILL, MSV_SEQ_DECODE);
 }
 
 
@@ -659,15 +658,7 @@ msv_sched_readmit(struct msv_sched *s)
         return 0;
     }
 
-    n = 0;
-    for (i = 0; i < s->n_slots; i++) {
-        if (s->seqs[i].phase == MSV_SEQ_WAIT) {
-            s->r_order[n++] = i;
-        }
-    }
-    if (n > 1) {
-        qsort_r(s->r_order, n, sizeof(uint32_t), msv_cmp_ticket, s->seqs);
-    }
+    n = msv_sched_in_order(s, MSV_SEQ_WAIT, MSV_SEQ_WAIT);
 
     for (i = 0; i < n; i++) {
         q = &s->seqs[s->r_order[i]];
@@ -807,7 +798,6 @@ msv_sched_admit(struct msv_sched *s)
         q->seed = q->p.has_seed ? q->p.seed
                                 : msv_splitmix64(&s->seed_state)
                                   & ((1ULL << 53) - 1);   /* exact in JSON */
-        q->ticket = ++s->next_ticket;
         sl->seed_used = q->seed;
         sl->weight_seq = atomic_load_explicit(&s->c->weight_seq,
                                               memory_order_relaxed);
@@ -821,7 +811,7 @@ msv_sched_admit(struct msv_sched *s)
             continue;
         }
 
-        s->n_active++;
+        s->a_order[s->n_active++] = q->slot;
         s->p_list[s->n_pf++] = q->slot;
         atomic_fetch_add_explicit(&s->c->prompt_tokens, q->n_prompt,
                                   memory_order_relaxed);
@@ -1367,10 +1357,16 @@ msv_sched_step(struct msv_sched *s)
 void
 msv_sched_forget(struct msv_sched *s, uint32_t slot)
 {
+    uint32_t         i;
     struct msv_seq  *q = &s->seqs[slot];
 
     if (q->phase == MSV_SEQ_IDLE) {
         return;
+    }
+    for (i = 0; i < s->n_active && s->a_order[i] != slot; i++) { }
+    if (i < s->n_active) {
+        memmove(&s->a_order[i], &s->a_order[i + 1],
+                (s->n_active - i - 1) * sizeof(uint32_t));
     }
     if (q->phase == MSV_SEQ_WAIT) {
         s->n_wait--;

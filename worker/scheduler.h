@@ -44,8 +44,6 @@ struct msv_seq {
                                        preemption prompt + outputs */
     uint32_t            max_out;    /* max_tokens clipped to max_len */
     uint64_t            seed;
-    uint64_t            ticket;     /* admission order, kept across
-                                       preemptions: the highest goes first */
 };
 
 /* What a pause holds back (worker/control.c sets it). */
@@ -64,7 +62,6 @@ struct msv_sched {
 
     struct msv_seq                 *seqs;       /* [n_slots] */
     struct msv_kv                   kv;         /* pages of the backend */
-    uint64_t                        next_ticket;
     uint32_t                        n_wait;     /* sequences in SEQ_WAIT */
     uint32_t                        n_slots;
     uint32_t                        vocab;
@@ -81,6 +78,11 @@ struct msv_sched {
     const uint32_t                **b_pages;    /* page table of each */
     uint32_t                       *b_npages;
     uint32_t                       *r_order;    /* preemption scratch */
+    uint32_t                       *a_order;    /* [n_active]: admitted
+                                                   sequences (any phase
+                                                   but IDLE) in admission
+                                                   order, kept across
+                                                   preemptions */
     uint32_t                       *p_list;     /* prefilling sequences,
                                                    during admission */
     uint32_t                        n_pf;
