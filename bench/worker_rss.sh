@@ -11,7 +11,8 @@
 #                                    OUT: results, default $B/rss;
 #                                    PRESET, BACKEND, MAX_LEN, VOCAB (prompt ids below it); MSV_CUDA_* and
 #                                    CUDA_MODULE_LOADING reach the worker;
-#                                    WORKER_FLAGS: extra worker flags)
+#                                    WORKER_FLAGS: extra worker flags;
+#                                    ROUNDS: times the series runs, 2)
 # Prints one line a workload: label, requests, prompt, new tokens, RSS in
 # MB after it, and the change from the line before.
 
@@ -65,7 +66,7 @@ PY
 
 printf '%-8s %4s %6s %6s %10s %7s\n' workload reqs prompt new RSS change
 rss start - - -
-for round in 1 2; do
+for round in $(seq 1 "${ROUNDS:-2}"); do
     run "b1s.$round" 1 16 16
     run "b1l.$round" 1 128 900
     run "b8.$round" 8 128 128

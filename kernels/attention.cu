@@ -23,6 +23,7 @@
  */
 
 #include <math.h>
+#include <string.h>
 
 #include "backend.h"
 #include "attention.cuh"
@@ -1754,6 +1755,35 @@ msv_attn_tiled(const struct msv_attn_args *a)
     }
     return a->tiled != MSV_ATTN_TILED_OFF && fits && a->n_tiles > 0
            && a->tiles != NULL && (a->n_rest == 0 || a->rest != NULL);
+}
+
+
+uint32_t
+attention_decode_bound(uint32_t n_tokens, uint32_t n_heads,
+    uint32_t n_kv_heads, uint32_t head_dim, int kv_bf16, int mode,
+    uint32_t max_ctx, uint32_t max_len)
+{
+    struct msv_attn_args  a;
+    uint32_t              n_groups, blocks, bound;
+
+    memset(&a, 0, sizeof(a));
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv_heads;
+    a.head_dim = head_dim;
+    a.kv.kv_bf16 = kv_bf16;
+    n_groups = msv_attn_mma_fits(&a)
+               ? 1 : MSV_CEIL_DIV(n_heads / n_kv_heads,
+                                  (uint32_t) MSV_ATTN_GROUP);
+    blocks = n_tokens * n_kv_heads * n_groups;
+    if (mode == MSV_ATTN_FOLD
+        || (mode == MSV_ATTN_AUTO
+            && blocks >= (msv_attn_mma_fits(&a) ? MSV_ATTN_MMA_WIDE
+                                                : MSV_ATTN_WIDE)))
+    {
+        return max_len;
+    }
+    for (bound = MSV_ATTN_SPLIT; bound < max_ctx; bound <<= 1) { }
+    return bound;
 }
 
 

@@ -84,7 +84,21 @@ struct msv_attn_args {
     uint32_t        walk_n;
 };
 
-/* Query tokens of a tile when ratio query heads share a kv head. */
+/*
+ * The context bound to capture a decode step of n_tokens tokens (one a
+ * sequence, no tile) for, so that its graph serves every step of that
+ * size whose longest context is at most max_ctx: max_len (the model's
+ * longest) where the form attention_forward takes for such a batch
+ * (mode, MSV_ATTN_*) walks each token's splits in one block, whatever the
+ * context, so one graph serves every context; else the power-of-two
+ * bound of max_ctx in positions (the parallel form's grid has a block
+ * per split), from MSV_ATTN_SPLIT up.
+ */
+uint32_t attention_decode_bound(uint32_t n_tokens, uint32_t n_heads,
+    uint32_t n_kv_heads, uint32_t head_dim, int kv_bf16, int mode,
+    uint32_t max_ctx, uint32_t max_len);
+
+/* Query tokens of a tile when ratio query heads share a kv head. *//* Query tokens of a tile when ratio query heads share a kv head. */
 uint32_t attention_tile_tokens(uint32_t ratio);
 
 /*

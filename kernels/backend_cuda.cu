@@ -1828,7 +1828,9 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
 
     /* A decode step (one new token per sequence, last-token logits) runs
      * as a graph padded to cap tokens; its attention is captured for a
-     * context bound gctx (a power-of-two number of splits). */
+     * context bound gctx: the model's longest where the decode attention
+     * of cap tokens does not depend on the context (the serial form:
+     * one graph a batch size), else a power-of-two number of splits. */
     dev = logits == NULL;
     decode = T == bt->n_seqs && !bt->all_logits;
     cap = T;
@@ -1840,7 +1842,9 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
         && (!dev || msv_cuda_bucket(T) <= b->max_seqs))
     {
         cap = msv_cuda_bucket(T);
-        for (gctx = MSV_ATTN_SPLIT; gctx < max_ctx; gctx <<= 1) { }
+        gctx = attention_decode_bound(cap, c->n_heads, c->n_kv_heads,
+                                      c->head_dim, b->kv_bf16, b->attn_mode,
+                                      max_ctx, b->max_len);
     } else {
         decode = 0;
     }
