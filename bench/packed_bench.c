@@ -497,6 +497,7 @@ resp_sent(bench_resp_t *rp)
     ngx_chain_update_chains(rp->pool, &rp->ctx.free, &rp->ctx.busy,
                             &rp->out,
                             (ngx_buf_tag_t) &ngx_http_maskserve_module);
+    ngx_http_maskserve_output_sent(&rp->ctx);
 }
 
 

@@ -13,13 +13,16 @@
  * Glue goes at the end of the buffer linked last when it fits there (a
  * section's, usually), so that an event is a few large buffers rather
  * than many small ones.  Both sizes are tagged with the module and
- * recycled through the request's free list once nginx has sent them
- * (ngx_chain_update_chains in ngx_http_maskserve_stream.c), so a long
- * stream runs in constant memory.  The memory of the large ones outlives
- * the request: when it ends it goes to a per-process cache of blocks
- * (NGX_HTTP_MASKSERVE_BLOCK_CACHE of them at most) that the next requests
- * take from, rather than back to malloc, which would return it to the
- * kernel and fault it in again, page by page, for the next body.
+ * recycled through the request's free lists once nginx has sent them
+ * (ngx_chain_update_chains in ngx_http_maskserve_stream.c, then
+ * ngx_http_maskserve_output_sent), so a long stream runs in constant
+ * memory.
+ *
+ * The memory of the large buffers outlives the request: when it ends it
+ * goes to a per-process cache of blocks (NGX_HTTP_MASKSERVE_BLOCK_CACHE
+ * of them at most) that the next requests take from, rather than back to
+ * malloc, which would return it to the kernel and fault it in again,
+ * page by page, for the next body.
  */
 
 #include <ngx_config.h>
@@ -105,6 +108,7 @@ static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec);
 static void ngx_http_maskserve_choice_reset(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_choice_t *ch);
+static void ngx_http_maskserve_recycle(ngx_http_maskserve_ctx_t *ctx);
 static ngx_uint_t ngx_http_maskserve_choice_pending(
     ngx_http_maskserve_choice_t *ch);
 static ngx_int_t ngx_http_maskserve_compose_choice(
@@ -922,46 +926,69 @@ ngx_http_maskserve_output_error_event(ngx_http_maskserve_ctx_t *ctx)
 }
 
 
+void
+ngx_http_maskserve_output_sent(ngx_http_maskserve_ctx_t *ctx)
+{
+    ngx_http_maskserve_recycle(ctx);
+}
+
+
 /*
- * A buffer of the given size class, from the free lists when possible.
  * What nginx gave back (ctx->free, both sizes mixed, the last sent first)
  * is moved onto one list per size, in its order and on top of what was
  * there: taking one is never a search, and it is the one sent last, the
- * likeliest to be still in the CPU's cache.
+ * likeliest to be still in the CPU's cache.  This runs right after
+ * ngx_chain_update_chains, which has just walked the same links and
+ * buffers: walked at the next row instead, one step later, they were out
+ * of the cache, and the walk cost more than the rest of taking a buffer.
  */
+
+static void
+ngx_http_maskserve_recycle(ngx_http_maskserve_ctx_t *ctx)
+{
+    ngx_chain_t  *cl, *small, *big, **ls, **lb;
+
+    if (ctx->free == NULL) {
+        return;
+    }
+
+    small = NULL;
+    big = NULL;
+    ls = &small;
+    lb = &big;
+
+    for (cl = ctx->free; cl; cl = cl->next) {
+        if ((size_t) (cl->buf->end - cl->buf->start)
+            == NGX_HTTP_MASKSERVE_SMALL)
+        {
+            *ls = cl;
+            ls = &cl->next;
+
+        } else {
+            *lb = cl;
+            lb = &cl->next;
+        }
+    }
+
+    *ls = ctx->free_small;
+    ctx->free_small = small;
+    *lb = ctx->free_big;
+    ctx->free_big = big;
+    ctx->free = NULL;
+}
+
+
+/* A buffer of the given size class, from the free lists when possible. */
 
 static ngx_chain_t *
 ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx, size_t size)
 {
     u_char       *start;
     ngx_buf_t    *b;
-    ngx_chain_t  *cl, **fl, *small, *big, **ls, **lb;
+    ngx_chain_t  *cl, **fl;
 
-    if (ctx->free) {
-        small = NULL;
-        big = NULL;
-        ls = &small;
-        lb = &big;
-
-        for (cl = ctx->free; cl; cl = cl->next) {
-            if ((size_t) (cl->buf->end - cl->buf->start)
-                == NGX_HTTP_MASKSERVE_SMALL)
-            {
-                *ls = cl;
-                ls = &cl->next;
-
-            } else {
-                *lb = cl;
-                lb = &cl->next;
-            }
-        }
-
-        *ls = ctx->free_small;
-        ctx->free_small = small;
-        *lb = ctx->free_big;
-        ctx->free_big = big;
-        ctx->free = NULL;
-    }
+    /* what update_chains gave back since the last recycle */
+    ngx_http_maskserve_recycle(ctx);
 
     fl = size == NGX_HTTP_MASKSERVE_SMALL ? &ctx->free_small
                                           : &ctx->free_big;

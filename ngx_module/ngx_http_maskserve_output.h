@@ -52,6 +52,12 @@ ngx_int_t ngx_http_maskserve_output_pending(ngx_http_maskserve_ctx_t *ctx);
 ngx_chain_t *ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     ngx_uint_t final, off_t *len);
 
+/*
+ * After ngx_chain_update_chains: what nginx gave back goes to the
+ * request's free lists, while it is still in the CPU's cache.
+ */
+void ngx_http_maskserve_output_sent(ngx_http_maskserve_ctx_t *ctx);
+
 /* The stream's error event and "data: [DONE]". */
 ngx_chain_t *ngx_http_maskserve_output_error_event(
     ngx_http_maskserve_ctx_t *ctx);

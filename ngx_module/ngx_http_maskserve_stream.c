@@ -180,6 +180,7 @@ ngx_http_maskserve_stream_send(ngx_http_maskserve_ctx_t *ctx,
 
     ngx_chain_update_chains(r->pool, &ctx->free, &ctx->busy, &out,
                             (ngx_buf_tag_t) &ngx_http_maskserve_module);
+    ngx_http_maskserve_output_sent(ctx);
 
     ctx->in_flight = 0;
     for (cl = ctx->busy; cl; cl = cl->next) {
