@@ -139,6 +139,9 @@ typedef struct {
     size_t                         bytes;
     ngx_uint_t                     count;    /* elements, for commas */
     msv_b64_t                      b64;      /* packed: the open group */
+    uint32_t                       rest;     /* held by a stream event:
+                                                where in buf the next rows
+                                                go; 0: not held */
 } ngx_http_maskserve_sec_t;
 
 
@@ -207,6 +210,8 @@ struct ngx_http_maskserve_ctx_s {
     unsigned                       dirty:1;       /* in region->dirty */
     unsigned                       cancelled:1;
     unsigned                       aborting:1;    /* every slot cancelled */
+    unsigned                       carry:1;       /* sections held by the
+                                                     event being sent */
     ngx_http_maskserve_loc_conf_t *lcf;
     ngx_uint_t                     mode;          /* enum msv_mask_mode */
     ngx_int_t                      logprobs;      /* -1: none */
@@ -226,6 +231,10 @@ struct ngx_http_maskserve_ctx_s {
     ngx_array_t                    blocks;        /* of BODY_BUF, u_char *,
                                                      back to the process's
                                                      cache at the end */
+    ngx_chain_t                   *free_bare;     /* sent, their memory
+                                                     taken on by a later
+                                                     buffer: the ngx_buf_t
+                                                     and link only */
     ngx_uint_t                     events;        /* stream events sent */
 
     ngx_http_request_t            *r;        /* NULL once the request is gone */

@@ -18,6 +18,20 @@
  * ngx_http_maskserve_output_sent), so a long stream runs in constant
  * memory.
  *
+ * A stream event takes its sections' buffers, but a section keeps the
+ * memory left in its last one: once the event is sent, the section's
+ * next rows go into the rest of the same block, where the event's bytes
+ * end (ngx_http_maskserve_sec_hold and sec_resume).  An event of one
+ * short row a choice then takes no buffer, and each row is written
+ * where the one before ended, as a body's rows are.  While the event is
+ * still in flight, the rest is written through a second ngx_buf_t over
+ * the same block: the buffers over a block are sent in the order they
+ * were linked, and only the last of them owns the memory (last_shadow,
+ * as ngx_event_pipe.c marks the last buffer over a raw one); an earlier
+ * one, once sent, gives back its ngx_buf_t and link alone
+ * (ctx->free_bare), and the block goes back to the free lists with the
+ * last.
+ *
  * The memory of the large buffers outlives the request: when it ends it
  * goes to a per-process cache of blocks (NGX_HTTP_MASKSERVE_BLOCK_CACHE
  * of them at most) that the next requests take from, rather than back to
@@ -52,6 +66,35 @@
 #define MSV_F32_ROOM   (MSV_F32_MAX_CHARS + 1)
 
 
+/*
+ * A choice's sections, for what is done to each of them alike: those JSON
+ * writes first (a JSON choice never touches the others, nor their cache
+ * lines), then those only packed masks and logprobs use.
+ */
+static const size_t  ngx_http_maskserve_secs[] = {
+    offsetof(ngx_http_maskserve_choice_t, ids),
+    offsetof(ngx_http_maskserve_choice_t, mask),
+    offsetof(ngx_http_maskserve_choice_t, mlps),
+    offsetof(ngx_http_maskserve_choice_t, lpc),
+    offsetof(ngx_http_maskserve_choice_t, mlen),
+    offsetof(ngx_http_maskserve_choice_t, tlen),
+    offsetof(ngx_http_maskserve_choice_t, tids),
+    offsetof(ngx_http_maskserve_choice_t, tlps)
+};
+
+#define NGX_HTTP_MASKSERVE_NSEC                                               \
+    (sizeof(ngx_http_maskserve_secs) / sizeof(ngx_http_maskserve_secs[0]))
+
+#define NGX_HTTP_MASKSERVE_NSEC_JSON  4
+
+#define ngx_http_maskserve_nsec(ctx)                                          \
+    ((ctx)->packed ? NGX_HTTP_MASKSERVE_NSEC : NGX_HTTP_MASKSERVE_NSEC_JSON)
+
+#define ngx_http_maskserve_sec(ch, k)                                         \
+    ((ngx_http_maskserve_sec_t *) ((u_char *) (ch)                            \
+                                   + ngx_http_maskserve_secs[k]))
+
+
 /* the process's free blocks, each linked through its first bytes */
 static u_char      *ngx_http_maskserve_blocks;
 static ngx_uint_t   ngx_http_maskserve_nblocks;
@@ -75,6 +118,8 @@ static uint64_t     ngx_http_maskserve_pass_ticks[NGX_HTTP_MASKSERVE_FMT_N][2];
 
 static ngx_chain_t *ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx,
     size_t size);
+static void ngx_http_maskserve_buf_init(ngx_buf_t *b, u_char *start,
+    u_char *end, u_char *pos);
 static u_char *ngx_http_maskserve_block(ngx_http_maskserve_ctx_t *ctx);
 static void ngx_http_maskserve_blocks_cleanup(void *data);
 static ngx_int_t ngx_http_maskserve_room(ngx_http_maskserve_ctx_t *ctx,
@@ -109,6 +154,10 @@ static void ngx_http_maskserve_sec_reset(ngx_http_maskserve_ctx_t *ctx,
 static void ngx_http_maskserve_choice_reset(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_choice_t *ch);
 static void ngx_http_maskserve_recycle(ngx_http_maskserve_ctx_t *ctx);
+static void ngx_http_maskserve_sec_hold(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec);
+static void ngx_http_maskserve_sec_resume(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec);
 static ngx_uint_t ngx_http_maskserve_choice_pending(
     ngx_http_maskserve_choice_t *ch);
 static ngx_int_t ngx_http_maskserve_compose_choice(
@@ -605,7 +654,7 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
 {
     u_char                       *p;
     ngx_buf_t                    *b;
-    ngx_uint_t                    i, k;
+    ngx_uint_t                    i, j, k;
     ngx_chain_t                  *out, **ll, *cl;
     ngx_http_maskserve_choice_t  *ch;
 
@@ -702,10 +751,23 @@ ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
 
     b->last = p;
 
-    /* the sections now belong to the chain */
+    /*
+     * The sections now belong to the chain.  A stream's go on in what is
+     * left of their last buffers once the event is sent, unless their
+     * choice has ended.
+     */
 
     for (i = 0; i < ctx->n_choices; i++) {
-        ngx_http_maskserve_choice_reset(ctx, &ctx->choices[i]);
+        ch = &ctx->choices[i];
+
+        if (!ctx->stream || final || ch->done) {
+            ngx_http_maskserve_choice_reset(ctx, ch);
+            continue;
+        }
+
+        for (j = 0; j < ngx_http_maskserve_nsec(ctx); j++) {
+            ngx_http_maskserve_sec_hold(ctx, ngx_http_maskserve_sec(ch, j));
+        }
     }
 
     ctx->pending = 0;
@@ -926,13 +988,6 @@ ngx_http_maskserve_output_error_event(ngx_http_maskserve_ctx_t *ctx)
 }
 
 
-void
-ngx_http_maskserve_output_sent(ngx_http_maskserve_ctx_t *ctx)
-{
-    ngx_http_maskserve_recycle(ctx);
-}
-
-
 /*
  * What nginx gave back (ctx->free, both sizes mixed, the last sent first)
  * is moved onto one list per size, in its order and on top of what was
@@ -941,12 +996,14 @@ ngx_http_maskserve_output_sent(ngx_http_maskserve_ctx_t *ctx)
  * ngx_chain_update_chains, which has just walked the same links and
  * buffers: walked at the next row instead, one step later, they were out
  * of the cache, and the walk cost more than the rest of taking a buffer.
+ * A buffer whose block a later buffer took on (no last_shadow) goes to
+ * ctx->free_bare without its memory.
  */
 
 static void
 ngx_http_maskserve_recycle(ngx_http_maskserve_ctx_t *ctx)
 {
-    ngx_chain_t  *cl, *small, *big, **ls, **lb;
+    ngx_chain_t  *cl, *small, *big, *bare, **ls, **lb, **lr;
 
     if (ctx->free == NULL) {
         return;
@@ -954,12 +1011,18 @@ ngx_http_maskserve_recycle(ngx_http_maskserve_ctx_t *ctx)
 
     small = NULL;
     big = NULL;
+    bare = NULL;
     ls = &small;
     lb = &big;
+    lr = &bare;
 
     for (cl = ctx->free; cl; cl = cl->next) {
-        if ((size_t) (cl->buf->end - cl->buf->start)
-            == NGX_HTTP_MASKSERVE_SMALL)
+        if (!cl->buf->last_shadow) {
+            *lr = cl;
+            lr = &cl->next;
+
+        } else if ((size_t) (cl->buf->end - cl->buf->start)
+                   == NGX_HTTP_MASKSERVE_SMALL)
         {
             *ls = cl;
             ls = &cl->next;
@@ -974,11 +1037,17 @@ ngx_http_maskserve_recycle(ngx_http_maskserve_ctx_t *ctx)
     ctx->free_small = small;
     *lb = ctx->free_big;
     ctx->free_big = big;
+    *lr = ctx->free_bare;
+    ctx->free_bare = bare;
     ctx->free = NULL;
 }
 
 
-/* A buffer of the given size class, from the free lists when possible. */
+/*
+ * A buffer of the given size class, from the free lists when possible:
+ * the only one over its memory (last_shadow), until a section hands the
+ * rest of it on to a second one (ngx_http_maskserve_sec_resume).
+ */
 
 static ngx_chain_t *
 ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx, size_t size)
@@ -1022,21 +1091,33 @@ ngx_http_maskserve_get_buf(ngx_http_maskserve_ctx_t *ctx, size_t size)
 
 found:
 
-    b = cl->buf;
-    start = b->start;
-
-    ngx_memzero(b, sizeof(ngx_buf_t));
-
-    b->start = start;
-    b->end = start + size;
-    b->pos = start;
-    b->last = start;
-    b->temporary = 1;
-    b->tag = (ngx_buf_tag_t) &ngx_http_maskserve_module;
+    start = cl->buf->start;
+    ngx_http_maskserve_buf_init(cl->buf, start, start + size, start);
 
     cl->next = NULL;
 
     return cl;
+}
+
+
+/*
+ * One of the module's buffers over start .. end, empty at pos, the last
+ * over its memory.
+ */
+
+static void
+ngx_http_maskserve_buf_init(ngx_buf_t *b, u_char *start, u_char *end,
+    u_char *pos)
+{
+    ngx_memzero(b, sizeof(ngx_buf_t));
+
+    b->start = start;
+    b->end = end;
+    b->pos = pos;
+    b->last = pos;
+    b->temporary = 1;
+    b->last_shadow = 1;
+    b->tag = (ngx_buf_tag_t) &ngx_http_maskserve_module;
 }
 
 
@@ -1319,6 +1400,7 @@ ngx_http_maskserve_sec_reset(ngx_http_maskserve_ctx_t *ctx,
     sec->buf = NULL;
     sec->bytes = 0;
     sec->count = 0;
+    sec->rest = 0;
 
     /*
      * A body is sent when the request ends, long after its base64 was
@@ -1333,14 +1415,154 @@ static void
 ngx_http_maskserve_choice_reset(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_choice_t *ch)
 {
-    ngx_http_maskserve_sec_reset(ctx, &ch->ids);
-    ngx_http_maskserve_sec_reset(ctx, &ch->mask);
-    ngx_http_maskserve_sec_reset(ctx, &ch->mlps);
-    ngx_http_maskserve_sec_reset(ctx, &ch->lpc);
-    ngx_http_maskserve_sec_reset(ctx, &ch->mlen);
-    ngx_http_maskserve_sec_reset(ctx, &ch->tlen);
-    ngx_http_maskserve_sec_reset(ctx, &ch->tids);
-    ngx_http_maskserve_sec_reset(ctx, &ch->tlps);
+    ngx_uint_t  k;
+
+    for (k = 0; k < NGX_HTTP_MASKSERVE_NSEC; k++) {
+        ngx_http_maskserve_sec_reset(ctx, ngx_http_maskserve_sec(ch, k));
+    }
+}
+
+
+/*
+ * A stream's section goes on in the rest of its last buffer after an
+ * event, when at least a small buffer's worth is left: more than the
+ * first write of any section takes (sec_top's room), so that the rest
+ * is never linked empty, and room for the glue that follows a section.
+ * The event holds the buffer until it is sent: hold notes where the rest
+ * starts (past the event's glue, written there too), and
+ * ngx_http_maskserve_output_sent, right after the send, resumes the
+ * section there; a section does not take a row in between.  A section
+ * the event left out (nothing new in it) keeps what it has: a buffer
+ * resumed earlier and still empty, or none.
+ */
+
+static void
+ngx_http_maskserve_sec_hold(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    if (sec->bytes == 0) {
+        return;
+    }
+
+    b = sec->buf;
+    cl = (ngx_chain_t *) ((u_char *) sec->last - offsetof(ngx_chain_t, next));
+
+    ngx_http_maskserve_sec_reset(ctx, sec);
+
+    if ((size_t) (b->end - b->last) < NGX_HTTP_MASKSERVE_SMALL) {
+        return;
+    }
+
+    /* cl->next is the event's until it is sent: only noted here */
+    sec->buf = b;
+    sec->first = cl;
+    sec->rest = (uint32_t) (b->last - b->start);
+    ctx->carry = 1;
+}
+
+
+void
+ngx_http_maskserve_output_sent(ngx_http_maskserve_ctx_t *ctx)
+{
+    ngx_uint_t                    i, k;
+    ngx_http_maskserve_sec_t     *sec;
+    ngx_http_maskserve_choice_t  *ch;
+
+    if (ctx->carry) {
+        ctx->carry = 0;
+
+        for (i = 0; i < ctx->n_choices; i++) {
+            ch = &ctx->choices[i];
+
+            for (k = 0; k < ngx_http_maskserve_nsec(ctx); k++) {
+                sec = ngx_http_maskserve_sec(ch, k);
+
+                if (sec->rest) {
+                    ngx_http_maskserve_sec_resume(ctx, sec);
+                }
+            }
+        }
+    }
+
+    ngx_http_maskserve_recycle(ctx);
+}
+
+
+/*
+ * A held section goes on at the rest of its buffer.  Sent at once (as
+ * when the client keeps up), the buffer is empty and in ctx->free, with
+ * its link: the section takes both back, still in the CPU's cache, and
+ * writes on past what the event sent.  Still in flight, the buffer stays
+ * the event's, and a new one over the same block takes the rest; the
+ * event's, sent before it (buffers go out in the order they were
+ * linked), then gives back only its ngx_buf_t and link (no last_shadow:
+ * ngx_http_maskserve_recycle), and the block goes back with the last
+ * buffer over it.  Without memory for a new one, the section starts
+ * afresh at its next row and the block stays the event's buffer's.
+ */
+
+static void
+ngx_http_maskserve_sec_resume(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec)
+{
+    u_char       *start, *end, *rest;
+    ngx_buf_t    *b, *nb;
+    ngx_chain_t  *cl, **ll;
+
+    b = sec->buf;
+    cl = sec->first;
+    start = b->start;
+    end = b->end;
+    rest = start + sec->rest;
+
+    ngx_http_maskserve_sec_reset(ctx, sec);
+
+    if (b->last == start) {
+        /* ngx_chain_update_chains emptied it: it is in ctx->free */
+        for (ll = &ctx->free; *ll && *ll != cl; ll = &(*ll)->next) {
+            /* void */
+        }
+
+        if (*ll == NULL) {
+            /* not there after all: the buffer keeps its block */
+            return;
+        }
+
+        *ll = cl->next;
+        nb = b;
+
+    } else {
+        cl = ctx->free_bare;
+
+        if (cl) {
+            ctx->free_bare = cl->next;
+
+        } else {
+            cl = ngx_alloc_chain_link(ctx->r->pool);
+            if (cl == NULL) {
+                return;
+            }
+
+            cl->buf = ngx_palloc(ctx->r->pool, sizeof(ngx_buf_t));
+            if (cl->buf == NULL) {
+                return;
+            }
+        }
+
+        nb = cl->buf;
+        b->last_shadow = 0;
+    }
+
+    ngx_http_maskserve_buf_init(nb, start, end, rest);
+
+    cl->next = NULL;
+
+    sec->first = cl;
+    sec->last = &cl->next;
+    sec->buf = nb;
 }
 
 
@@ -1363,7 +1585,9 @@ ngx_http_maskserve_link(ngx_http_maskserve_ctx_t *ctx, ngx_chain_t ***ll,
         sec->buf->last = (u_char *) p;
     }
 
-    if (sec->first) {
+    /* a section carried on from the last event holds an empty buffer
+     * until its first row: nothing to link then */
+    if (sec->bytes) {
         **ll = sec->first;
         *ll = sec->last;
     }

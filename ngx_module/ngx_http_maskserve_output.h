@@ -53,7 +53,8 @@ ngx_chain_t *ngx_http_maskserve_output_compose(ngx_http_maskserve_ctx_t *ctx,
     ngx_uint_t final, off_t *len);
 
 /*
- * After ngx_chain_update_chains: what nginx gave back goes to the
+ * After ngx_chain_update_chains: the sections a stream event held go on
+ * in the rest of their buffers, and what nginx gave back goes to the
  * request's free lists, while it is still in the CPU's cache.
  */
 void ngx_http_maskserve_output_sent(ngx_http_maskserve_ctx_t *ctx);
