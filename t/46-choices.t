@@ -23,7 +23,6 @@ use warnings;
 use FindBin;
 use lib "$FindBin::Bin/lib";
 use JSON::PP;
-use MIME::Base64 qw(decode_base64);
 use List::Util qw(sum);
 use Test::More;
 use MsvTest;
@@ -73,74 +72,9 @@ sub base {
              sampling_params => \%sp };
 }
 
-# int32 and float32 arrays of a base64 string
-sub i32 { [unpack 'l<*', decode_base64($_[0] // '')] }
-sub f32 { [unpack 'f<*', decode_base64($_[0] // '')] }
-
-# A choice in one plain shape, whatever its format: tokens, rows, row
-# logprobs, logprobs content, finish reason.  Packed strings are decoded;
-# JSON numbers are rounded to the float32 they stand for.
-sub plain {
-    my ($c, $mode) = @_;
-    my $f = sub { unpack 'f<', pack 'f<', $_[0] };
-    my %p = (token_ids => $c->{token_ids}, finish_reason => $c->{finish_reason});
-    if (my $m = $c->{sampling_mask_packed}) {
-        my ($len, $ids, $lps) = (i32($m->{lengths}), i32($m->{ids}), f32($m->{logprobs}));
-        my ($o, @rows, @rl) = (0);
-        for my $l (@$len) {
-            push @rows, [@{$ids}[$o .. $o + $l - 1]];
-            push @rl, $mode eq 'support' ? [@{$lps}[$o .. $o + $l - 1]] : $lps->[@rows - 1];
-            $o += $l;
-        }
-        $p{mask} = \@rows;
-        $p{mlps} = \@rl;
-    } elsif ($c->{sampling_mask}) {
-        $p{mask} = $c->{sampling_mask};
-        $p{mlps} = [map { ref $_ ? [map { $f->($_) } @$_] : $f->($_) }
-                    @{ $c->{sampling_mask_logprobs} }];
-    }
-    if (my $l = $c->{logprobs_packed}) {
-        my ($tl, $len, $ids, $lps) = (f32($l->{token_logprobs}), i32($l->{lengths}),
-                                      i32($l->{ids}), f32($l->{logprobs}));
-        my ($o, @e) = (0);
-        for my $i (0 .. $#$len) {
-            push @e, [$tl->[$i], [map { [$ids->[$_], $lps->[$_]] }
-                                  $o .. $o + $len->[$i] - 1]];
-            $o += $len->[$i];
-        }
-        $p{lp} = \@e;
-    } elsif ($c->{logprobs}) {
-        $p{lp} = [map { [$f->($_->{logprob}),
-                         [map { [$_->{token_id}, $f->($_->{logprob})] }
-                          @{ $_->{top_logprobs} }]] } @{ $c->{logprobs}{content} }];
-    }
-    return \%p;
-}
-
-# Stream events merged per choice index, packed strings decoded and
-# concatenated, in the plain shape.
-sub merge_stream {
-    my ($events, $mode) = @_;
-    my (%by, %fin, $usage, @problems);
-    for my $e (@$events) {
-        return undef if $e->{error};
-        $usage = $e->{usage} if $e->{usage};
-        for my $c (@{ $e->{choices} }) {
-            my $i = $c->{index};
-            push @problems, "choice $i after its finish_reason" if $fin{$i};
-            $fin{$i} = $c->{finish_reason} if defined $c->{finish_reason};
-            my $p = plain($c, $mode);
-            my $m = $by{$i} //= { token_ids => [], finish_reason => undef,
-                                  seed => $c->{seed} };
-            push @{ $m->{token_ids} }, @{ $p->{token_ids} };
-            for my $k (qw(mask mlps lp)) {
-                push @{ $m->{$k} }, @{ $p->{$k} } if $p->{$k};
-            }
-            $m->{finish_reason} = $p->{finish_reason} if defined $p->{finish_reason};
-        }
-    }
-    return { choices => \%by, usage => $usage, problems => \@problems };
-}
+# the plain shape of a choice, and stream events merged per choice into it
+sub plain { MsvTest::plain_choice(@_) }
+sub merge_stream { MsvTest::merge_choice_events(@_) }
 
 # ------------------------------------------------- n == n separate requests
 

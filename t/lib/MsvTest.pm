@@ -27,6 +27,7 @@ use File::Temp qw(tempdir);
 use HTTP::Tiny;
 use IO::Socket::INET;
 use JSON::PP;
+use MIME::Base64 ();
 use POSIX qw(:sys_wait_h);
 use Test::More;
 use Time::HiRes qw(sleep time);
@@ -639,6 +640,76 @@ sub bg_wait {
 }
 
 # ---------------------------------------------------------------- checks
+
+# int32 and float32 arrays of a base64 string
+sub _i32 { [unpack 'l<*', MIME::Base64::decode_base64($_[0] // '')] }
+sub _f32 { [unpack 'f<*', MIME::Base64::decode_base64($_[0] // '')] }
+
+# A choice in one plain shape, whatever its format: tokens, rows, row
+# logprobs, logprobs content, finish reason.  Packed strings are decoded;
+# JSON numbers are rounded to the float32 they stand for.
+sub plain_choice {
+    my ($c, $mode) = @_;
+    my $f = sub { unpack 'f<', pack 'f<', $_[0] };
+    my %p = (token_ids => $c->{token_ids}, finish_reason => $c->{finish_reason});
+    if (my $m = $c->{sampling_mask_packed}) {
+        my ($len, $ids, $lps) = (_i32($m->{lengths}), _i32($m->{ids}), _f32($m->{logprobs}));
+        my ($o, @rows, @rl) = (0);
+        for my $l (@$len) {
+            push @rows, [@{$ids}[$o .. $o + $l - 1]];
+            push @rl, $mode eq 'support' ? [@{$lps}[$o .. $o + $l - 1]] : $lps->[@rows - 1];
+            $o += $l;
+        }
+        $p{mask} = \@rows;
+        $p{mlps} = \@rl;
+    } elsif ($c->{sampling_mask}) {
+        $p{mask} = $c->{sampling_mask};
+        $p{mlps} = [map { ref $_ ? [map { $f->($_) } @$_] : $f->($_) }
+                    @{ $c->{sampling_mask_logprobs} }];
+    }
+    if (my $l = $c->{logprobs_packed}) {
+        my ($tl, $len, $ids, $lps) = (_f32($l->{token_logprobs}), _i32($l->{lengths}),
+                                      _i32($l->{ids}), _f32($l->{logprobs}));
+        my ($o, @e) = (0);
+        for my $i (0 .. $#$len) {
+            push @e, [$tl->[$i], [map { [$ids->[$_], $lps->[$_]] }
+                                  $o .. $o + $len->[$i] - 1]];
+            $o += $len->[$i];
+        }
+        $p{lp} = \@e;
+    } elsif ($c->{logprobs}) {
+        $p{lp} = [map { [$f->($_->{logprob}),
+                         [map { [$_->{token_id}, $f->($_->{logprob})] }
+                          @{ $_->{top_logprobs} }]] } @{ $c->{logprobs}{content} }];
+    }
+    return \%p;
+}
+
+# Stream events merged per choice index, packed strings decoded and
+# concatenated, in the plain shape.
+sub merge_choice_events {
+    my ($events, $mode) = @_;
+    my (%by, %fin, $usage, @problems);
+    for my $e (@$events) {
+        return undef if $e->{error};
+        $usage = $e->{usage} if $e->{usage};
+        for my $c (@{ $e->{choices} }) {
+            my $i = $c->{index};
+            push @problems, "choice $i after its finish_reason" if $fin{$i};
+            $fin{$i} = $c->{finish_reason} if defined $c->{finish_reason};
+            my $p = plain_choice($c, $mode);
+            my $m = $by{$i} //= { token_ids => [], finish_reason => undef,
+                                  seed => $c->{seed} };
+            push @{ $m->{token_ids} }, @{ $p->{token_ids} };
+            for my $k (qw(mask mlps lp)) {
+                push @{ $m->{$k} }, @{ $p->{$k} } if $p->{$k};
+            }
+            $m->{finish_reason} = $p->{finish_reason} if defined $p->{finish_reason};
+        }
+    }
+    return { choices => \%by, usage => $usage, problems => \@problems };
+}
+
 
 # Check choices against their requests and the sampler's invariants:
 # rows in order and in the vocabulary, the sampled token in its row,
