@@ -1058,6 +1058,15 @@ attention_part_floats(uint32_t n_tokens, uint32_t n_heads, uint32_t head_dim,
 }
 
 
+/* Whether mode takes the serial form whatever the context: FOLD, or AUTO
+ * where a split's blocks already fill the GPU (blocks >= wide). */
+static int
+msv_attn_serial(int mode, uint32_t blocks, uint32_t wide)
+{
+    return mode == MSV_ATTN_FOLD || (mode == MSV_ATTN_AUTO && blocks >= wide);
+}
+
+
 /*
  * The form of a batch whose splits would take `blocks` blocks each: 1 for
  * parallel (a block per split, then the merge), 0 for serial (AUTO: when
@@ -1077,9 +1086,7 @@ msv_attn_parallel(const struct msv_attn_args *a, uint32_t S, uint32_t blocks,
     if (a->mode == MSV_ATTN_PARALLEL && !parallel && S > 1) {
         return -1;
     }
-    if (a->mode == MSV_ATTN_FOLD
-        || (a->mode == MSV_ATTN_AUTO && blocks >= wide))
-    {
+    if (msv_attn_serial(a->mode, blocks, wide)) {
         parallel = 0;
     }
     return parallel;
@@ -1104,6 +1111,25 @@ msv_attn_mma_fits(const struct msv_attn_args *a)
     return a->kv.kv_bf16 && a->n_heads / a->n_kv_heads <= MSV_ATTN_MMA_HEADS
            && (a->head_dim == 16 || a->head_dim == 32 || a->head_dim == 64
                || a->head_dim == 128);
+}
+
+
+/* Blocks a token (and split) of the per-token kernels takes per kv head:
+ * 1 on the tensor cores, else one per MSV_ATTN_GROUP query heads. */
+static uint32_t
+msv_attn_groups(const struct msv_attn_args *a)
+{
+    return msv_attn_mma_fits(a)
+           ? 1 : MSV_CEIL_DIV(a->n_heads / a->n_kv_heads,
+                              (uint32_t) MSV_ATTN_GROUP);
+}
+
+
+/* The blocks that fill the GPU, past which AUTO takes the serial form. */
+static uint32_t
+msv_attn_wide(const struct msv_attn_args *a)
+{
+    return msv_attn_mma_fits(a) ? MSV_ATTN_MMA_WIDE : MSV_ATTN_WIDE;
 }
 
 
@@ -1764,21 +1790,15 @@ attention_decode_bound(uint32_t n_tokens, uint32_t n_heads,
     uint32_t max_ctx, uint32_t max_len)
 {
     struct msv_attn_args  a;
-    uint32_t              n_groups, blocks, bound;
+    uint32_t              bound;
 
     memset(&a, 0, sizeof(a));
     a.n_heads = n_heads;
     a.n_kv_heads = n_kv_heads;
     a.head_dim = head_dim;
     a.kv.kv_bf16 = kv_bf16;
-    n_groups = msv_attn_mma_fits(&a)
-               ? 1 : MSV_CEIL_DIV(n_heads / n_kv_heads,
-                                  (uint32_t) MSV_ATTN_GROUP);
-    blocks = n_tokens * n_kv_heads * n_groups;
-    if (mode == MSV_ATTN_FOLD
-        || (mode == MSV_ATTN_AUTO
-            && blocks >= (msv_attn_mma_fits(&a) ? MSV_ATTN_MMA_WIDE
-                                                : MSV_ATTN_WIDE)))
+    if (msv_attn_serial(mode, n_tokens * n_kv_heads * msv_attn_groups(&a),
+                        msv_attn_wide(&a)))
     {
         return max_len;
     }
@@ -1866,14 +1886,12 @@ attention_forward(const struct msv_attn_args *a, cudaStream_t stream)
     }
 
     mma = msv_attn_mma_fits(a);
-    n_groups = mma ? 1 : MSV_CEIL_DIV(a->n_heads / a->n_kv_heads,
-                                      (uint32_t) MSV_ATTN_GROUP);
+    n_groups = msv_attn_groups(a);
     S = MSV_CEIL_DIV(a->max_ctx, (uint32_t) MSV_ATTN_SPLIT);
     blocks = n_tok * a->n_kv_heads * n_groups
              + (tiled ? a->n_tiles * a->n_kv_heads : 0);
 
-    parallel = msv_attn_parallel(a, S, blocks,
-                                 mma ? MSV_ATTN_MMA_WIDE : MSV_ATTN_WIDE);
+    parallel = msv_attn_parallel(a, S, blocks, msv_attn_wide(a));
     if (parallel < 0) {
         return cudaErrorInvalidValue;
     }

@@ -98,7 +98,7 @@ uint32_t attention_decode_bound(uint32_t n_tokens, uint32_t n_heads,
     uint32_t n_kv_heads, uint32_t head_dim, int kv_bf16, int mode,
     uint32_t max_ctx, uint32_t max_len);
 
-/* Query tokens of a tile when ratio query heads share a kv head. *//* Query tokens of a tile when ratio query heads share a kv head. */
+/* Query tokens of a tile when ratio query heads share a kv head. */
 uint32_t attention_tile_tokens(uint32_t ratio);
 
 /*
