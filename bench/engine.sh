@@ -19,8 +19,9 @@
 #      others with prompts up to 1500 tokens (prefill chunks mixed with
 #      decode); every row compared bit for bit, in the default mode and
 #      with --batch-invariant, whose decode rate at batch 1, 64 and 256
-#      is measured beside (its per-shape algorithm lines, from the worker
-#      log, go to $OUT/invariant_algos.txt).
+#      is measured beside, with the lengths of step 2 (the same mean
+#      context); its per-shape algorithm lines, from the worker log, go
+#      to $OUT/invariant_algos.txt.
 #
 #   bash bench/engine.sh            (B: build dir, default build-gpu;
 #                                    OUT: results, default $B/engine;
@@ -163,9 +164,9 @@ if has inv; then
     start --batch-invariant
     grep "batch invariant:" "$OUT/worker.log" | tee "$OUT/invariant_algos.txt"
     inv invariant
-    run ib1 1 128 128
-    run ib64 64 128 128
-    run ib256 256 128 128
+    run ib1 1 128 512
+    run ib64 64 128 512
+    run ib256 256 128 512
     stop
 fi
 trap - EXIT
@@ -208,23 +209,25 @@ for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib1", 1),
 print()
 print("%-6s %9s %9s %9s %9s %9s %9s   (detail steps, median ms)" % ("batch",
       "gpu", "gemm", "attn", "other", "copy", "host"))
-for b in (1, 64, 256):
-    d = [x for x in steps(f"b{b}") if x["seqs"] == b and x["tokens"] == b
+for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib1", 1),
+               ("ib64", 64), ("ib256", 256)):
+    d = [x for x in steps(lab) if x["seqs"] == b and x["tokens"] == b
          and x["detail"] == 1]
     if d:
         m = lambda k: st.median(x[k] for x in d)
-        print("%-6d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f" % (b, m("gpu_ms"),
+        print("%-6s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f" % (lab, m("gpu_ms"),
               m("gemm_ms"), m("attn_ms"), m("other_ms"), m("copy_ms"),
               m("host_ms")))
 print()
 print("%-6s %9s %9s %9s %9s   (other kernels of the detail steps, median ms)"
       % ("batch", "norm", "rope", "silu", "embed"))
-for b in (1, 64, 256):
-    d = [x for x in steps(f"b{b}") if x["seqs"] == b and x["tokens"] == b
+for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib1", 1),
+               ("ib64", 64), ("ib256", 256)):
+    d = [x for x in steps(lab) if x["seqs"] == b and x["tokens"] == b
          and x["detail"] == 1 and "norm_ms" in x]
     if d:
         m = lambda k: st.median(x[k] for x in d)
-        print("%-6d %9.3f %9.3f %9.3f %9.3f" % (b, m("norm_ms"),
+        print("%-6s %9.3f %9.3f %9.3f %9.3f" % (lab, m("norm_ms"),
               m("rope_ms"), m("silu_ms"), m("embed_ms")))
 print()
 for lab in ("p256x128", "p1x8192"):

@@ -7,13 +7,15 @@
  *
  * For each shape of the kernel compared (rows a warp group R, words a
  * lane a round U, warps sharing a row KS, the next round in flight PIPE,
- * warps a block W):
+ * warps a block W), and of the batch-invariant mode's fixed-order GEMV
+ * (kernels/gemv_fixed.cuh: columns a stage KC, stages a warp's ring S,
+ * warps a block NW):
  *  - its outputs against a double-precision sum on the host for sampled
  *    rows of every weight shape, at n = 1 and 8 (a wrong kernel ends the
- *    run);
+ *    run); every fixed-order shape's outputs the same bits as the first
+ *    one's (the order is the kernel's, not its shape's);
  *  - the step's 145 products in order, captured as one CUDA graph with
- *    programmatic launches, at n = 1, 2, 4 and 8: ms and TB/s of
- *    weights;
+ *    programmatic launches, at n = 1, 2, 4 and 8: ms and TB/s of weights;
  *  - each weight shape alone (its 36 launches, one graph), n = 1.
  * Beside them, in the same run: a sequential read of the same 15.1 GB in
  * one launch, the ceiling.  Times are medians of 7 after 2
@@ -34,6 +36,7 @@
 
 #include "cuda_bench.h"
 #include "gemv.cuh"
+#include "gemv_fixed.cuh"
 
 #define TRY(call)  MSV_BENCH_TRY(call)
 
@@ -67,11 +70,14 @@ typedef cudaError_t (*gemv_fn)(const __nv_bfloat16 *, const __nv_bfloat16 *,
 struct variant {
     const char  *name;
     gemv_fn      fn;
+    int          fixed;                 /* the fixed-order GEMV */
 };
 
 #define V(R, U, KS, P, W)                                                    \
     { P ? "R" #R " U" #U " KS" #KS " W" #W " pipe"                           \
-        : "R" #R " U" #U " KS" #KS " W" #W, gemv_launch<R, U, KS, P, W> }
+        : "R" #R " U" #U " KS" #KS " W" #W, gemv_launch<R, U, KS, P, W>, 0 }
+#define F(KC, S, NW)                                                         \
+    { "fixed KC" #KC " S" #S " NW" #NW, gemv_fixed_launch<KC, S, NW>, 1 }
 
 static const struct variant  variants[] = {
     V(2, 4, 1, false, 4),
@@ -90,6 +96,14 @@ static const struct variant  variants[] = {
     V(4, 1, 8, false, 8),
     V(2, 2, 16, false, 16),
     V(2, 1, 16, false, 16),
+    F(256, 3, 4),                       /* kernels/gemm.cu's */
+    F(128, 6, 4),
+    F(256, 4, 4),
+    F(128, 4, 4),
+    F(128, 8, 4),
+    F(64, 12, 4),
+    F(128, 6, 2),
+    F(128, 4, 8),
 };
 
 #define N_VARIANTS  (int) (sizeof(variants) / sizeof(variants[0]))
@@ -219,8 +233,12 @@ bf16_host(uint16_t b)
     return f;
 }
 
+/* the first fixed-order shape's outputs, [shape][n = 1, MAX_N] */
+static float  *fixed_ref[SHAPES][2];
+
 /* v's outputs for sampled rows of every shape, n = 1 and MAX_N, against
- * double sums; 0 or -1 (printed) */
+ * double sums, and a fixed-order shape's, whole, against the first one's;
+ * 0 or -1 (printed) */
 static int
 check(const struct variant *v, const uint16_t *hact)
 {
@@ -257,6 +275,25 @@ check(const struct variant *v, const uint16_t *hact)
             TRY(cudaGetLastError());
             TRY(cudaMemcpy(hout, out, sizeof(float) * sh->rows * ns[t],
                            cudaMemcpyDeviceToHost));
+            if (v->fixed && fixed_ref[h][t] == NULL) {
+                fixed_ref[h][t] = (float *) malloc(sizeof(float) * sh->rows
+                                                   * ns[t]);
+                if (fixed_ref[h][t] == NULL) {
+                    fprintf(stderr, "gemv_rate: out of host memory\n");
+                    exit(1);
+                }
+                memcpy(fixed_ref[h][t], hout,
+                       sizeof(float) * sh->rows * ns[t]);
+            } else if (v->fixed
+                       && memcmp(fixed_ref[h][t], hout,
+                                 sizeof(float) * sh->rows * ns[t]) != 0
+                       && rc == 0)
+            {
+                fprintf(stderr, "gemv_rate: %s: %s n %u: not the bits of "
+                        "%s\n", v->name, sh->name, ns[t], "the first "
+                        "fixed-order shape");
+                rc = -1;
+            }
             for (i = 0; i < SAMPLES; i++) {
                 /* the first and last rows, and rows spread between */
                 r = i == 0 ? 0 : i == SAMPLES - 1
@@ -395,6 +432,7 @@ main(void)
         printf("| %s | %.3f | %.2f | %.3f | %.3f | %.3f | %.3f | %.2f |",
                variants[i].name, ms1, bytes / ms1 / 1e9, read_ms / ms1, ms2,
                ms4, ms8, bytes / ms8 / 1e9);
+
         for (h = 0; h < SHAPES; h++) {
             c.n = 1;
             c.only = h;

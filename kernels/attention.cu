@@ -27,6 +27,7 @@
 
 #include "backend.h"
 #include "attention.cuh"
+#include "mma.cuh"
 
 #define MSV_ATTN_GROUP    4            /* heads per block: one warp each */
 #define MSV_ATTN_THREADS  (MSV_ATTN_GROUP * 32)
@@ -579,8 +580,7 @@ attention_vec_kernel(struct msv_attn_args a, uint32_t n_groups, uint32_t S)
 /*
  * The tensor-core forms (bf16 KV, head_dim 16, 32, 64 or 128, up to
  * MSV_ATTN_MMA_HEADS query heads per kv head: every model preset) share
- * the helpers below: bf16 packing and splitting, mma.m16n8k16, ldmatrix
- * and cp.async.
+ * the helpers below (bf16 packing and splitting) and mma.cuh's.
  */
 #define MSV_ATTN_MMA_HEADS  8
 
@@ -600,67 +600,6 @@ msv_split_bf16(float x, float *hi, float *lo)
 {
     *hi = __bfloat162float(__float2bfloat16_rn(x));
     *lo = __bfloat162float(__float2bfloat16_rn(x - *hi));
-}
-
-static __device__ __forceinline__ void
-msv_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void
-msv_ldmatrix_x4(uint32_t r[4], const void *p)
-{
-    uint32_t  s = (uint32_t) __cvta_generic_to_shared(p);
-
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
-                 "{%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-
-static __device__ __forceinline__ void
-msv_ldmatrix_x4_trans(uint32_t r[4], const void *p)
-{
-    uint32_t  s = (uint32_t) __cvta_generic_to_shared(p);
-
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
-                 "{%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-
-/* 16 bytes global -> shared; n = 0 fills the 16 bytes with zeros. */
-static __device__ __forceinline__ void
-msv_cp_async16(void *dst, const void *src, uint32_t n)
-{
-    uint32_t  s = (uint32_t) __cvta_generic_to_shared(dst);
-
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(s), "l"(src), "r"(n));
-}
-
-static __device__ __forceinline__ void
-msv_cp_async_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-static __device__ __forceinline__ void
-msv_cp_async_wait_all(void)
-{
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-/* Every group but the newest N complete. */
-template <int N>
-static __device__ __forceinline__ void
-msv_cp_async_wait_newest(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
 /*

@@ -1200,10 +1200,10 @@ msv_cuda_create(const struct msv_model_config *cfg,
 
     /* MSV_CUDA_PDL=0: every kernel launched plainly, none starting
      * before the one ahead of it has finished (cuda_common.cuh); else
-     * programmatic launches in batches whose products all take the GEMV
+     * programmatic launches in batches whose products all take a GEMV
      * (msv_cuda_pdl_for) */
     mode = getenv("MSV_CUDA_PDL");
-    b->pdl = !b->invariant && !(mode != NULL && strcmp(mode, "0") == 0);
+    b->pdl = !(mode != NULL && strcmp(mode, "0") == 0);
 
     /* MSV_CUDA_GU_BF16=0: the gate/up product stays fp32 in the bf16
      * precision too (the side-by-side reference of the bf16 product) */
@@ -1418,16 +1418,21 @@ struct msv_cuda_plan {
 
 /*
  * Programmatic launches (msv_cuda_pdl) for a pass over n rows: only where
- * every product takes the GEMV, whose weight loads are what overlaps the
- * kernel ahead.  Among cuBLAS products our kernels, started early, held
- * SM slots the products' blocks needed: batch 64 ran 6.35 ms a step
- * against 5.85 with plain launches (batch 1: 4.58 against 4.67,
- * bench/results/engine.md).
+ * every product takes a GEMV (gemv_forward, or in the batch-invariant
+ * mode the fixed-order one, where every shape's plan has it), whose
+ * weight loads are what overlaps the kernel ahead.  Among cuBLAS products
+ * our kernels, started early, held SM slots the products' blocks needed:
+ * batch 64 ran 6.35 ms a step against 5.85 with plain launches (batch 1:
+ * 4.58 against 4.67, bench/results/engine.md).  Launches never change
+ * what a kernel computes, so the invariant mode takes them too.
  */
 static void
 msv_cuda_pdl_for(struct msv_backend *b, uint32_t n)
 {
-    msv_cuda_pdl = b->pdl && n <= MSV_GEMV_MAX;
+    msv_cuda_pdl = b->pdl
+                   && (b->invariant
+                       ? n <= MSV_GEMV_FIXED_MAX && gemm_inv_fixed_all(&b->inv)
+                       : n <= MSV_GEMV_MAX);
 }
 
 

@@ -11,6 +11,7 @@
 #include "model.h"
 #include "gemm.cuh"
 #include "gemv.cuh"
+#include "gemv_fixed.cuh"
 #include "elementwise.cuh"
 
 int
@@ -76,6 +77,36 @@ gemv_silu_forward(const struct msv_dmat *w, const void *act, uint32_t n,
     void *out, cudaStream_t stream)
 {
     return msv_gemv<true>(w, act, n, out, 0, stream);
+}
+
+
+int
+gemv_fixed_usable(const struct msv_dmat *w, int fmt, uint32_t n)
+{
+    return w->dtype == MSV_BF16 && fmt == MSV_ACT_BF16 && n >= 1
+           && n <= MSV_GEMV_FIXED_MAX && w->cols % 8 == 0
+           && (uintptr_t) w->p % 16 == 0;
+}
+
+
+/*
+ * The fixed-order GEMV's shape (gemv_fixed.cuh's KC, S, NW): stages of
+ * 256 columns (4 KB of a warp's 8 weight rows, as much of its activation
+ * rows), 3 of them in a warp's ring, 4 warps a block (96 KB of shared
+ * memory: two blocks an SM), the fastest of bench/gemv_rate.cu's
+ * candidates on the H200 for every Qwen3-8B shape at n = 1 (the step's
+ * products 4.37 ms against 4.71 for 128 columns, 6 stages; the default
+ * GEMV 3.67, bench/results/engine.md).  A 16-row form was slower than the
+ * pinned algorithms at 9 to 16 rows.
+ */
+cudaError_t
+gemv_fixed_forward(const struct msv_dmat *w, const void *act, uint32_t n,
+    float *out, int accumulate, cudaStream_t stream)
+{
+    return gemv_fixed_launch<256, 3, 4>((const __nv_bfloat16 *) w->p,
+                                        (const __nv_bfloat16 *) act,
+                                        w->rows, w->cols, n, out,
+                                        accumulate, stream);
 }
 
 
@@ -379,37 +410,95 @@ msv_inv_candidates(const struct msv_gemm_inv *inv, const struct msv_dmat *w,
 }
 
 
+int
+gemm_inv_fixed_all(const struct msv_gemm_inv *inv)
+{
+    int  i;
+
+    for (i = 0; i < inv->n_plans; i++) {
+        if (!inv->plan[i].fixed) {
+            return 0;
+        }
+    }
+    return inv->n_plans > 0;
+}
+
+
+/* The path msv_inv_time times when no algorithm is given. */
+#define MSV_INV_DEFAULT  0            /* the default path */
+#define MSV_INV_FIXED    1            /* the fixed-order GEMV */
+
+/* Every word of p[0 .. words) read once: what the L2 cache held is
+ * evicted for clean lines (the sink is never written in practice). */
+static __global__ void
+inv_flush_kernel(const uint4 *p, size_t words, unsigned int *sink)
+{
+    unsigned int  acc = 0;
+    size_t        i;
+
+    for (i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < words;
+         i += (size_t) gridDim.x * blockDim.x)
+    {
+        uint4  v = __ldcg(p + i);
+
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) {
+        *sink = acc;
+    }
+}
+
 /*
  * Mean milliseconds of MSV_INV_REPS products out [n] = act [n] . w^T
- * after one untimed one, through algo or (NULL) the default path.
+ * after one untimed one, through algo or (NULL) the path named by
+ * other, each timed alone after flush (flush_words 16-byte words, twice
+ * the L2 cache) has been read: a decode step reads every weight from
+ * memory (36 layers of distinct weights, 15 GB), where timings one after
+ * another find most of a weight of 48 MB or less in the cache (the pick
+ * at n = 64 by such timings ran the step's products 1.40 ms slower than
+ * the default path's, bench/results/engine.md).  sink: the flush's.
  * 0, or -1 with err set.
  */
 static int
 msv_inv_time(const struct msv_gemm_inv *inv, cublasHandle_t cublas,
-    const cublasLtMatmulAlgo_t *algo, const struct msv_dmat *w,
-    const void *act, uint32_t n, float *out, cudaStream_t stream,
+    const cublasLtMatmulAlgo_t *algo, int other, const struct msv_dmat *w,
+    const void *act, uint32_t n, float *out, const uint4 *flush,
+    size_t flush_words, unsigned int *sink, cudaStream_t stream,
     cudaEvent_t ev[2], float *ms, char *err, size_t errlen)
 {
-    float  t;
-    int    i, fmt, rc;
+    cudaError_t  e;
+    float        t, sum;
+    int          i, fmt, rc;
 
     fmt = w->dtype == MSV_F32 ? MSV_ACT_F32 : MSV_ACT_BF16;
+    sum = 0.0f;
     for (i = 0; i <= MSV_INV_REPS; i++) {
-        if (i == 1) {
-            MSV_CUDA_TRY(cudaEventRecord(ev[0], stream), err, errlen);
+        inv_flush_kernel<<<1024, 256, 0, stream>>>(flush, flush_words, sink);
+        MSV_CUDA_TRY(cudaGetLastError(), err, errlen);
+        MSV_CUDA_TRY(cudaEventRecord(ev[0], stream), err, errlen);
+        if (algo != NULL) {
+            rc = msv_inv_run(inv, algo, w, act, n, out, 0, stream, err,
+                             errlen);
+        } else if (other == MSV_INV_FIXED) {
+            e = gemv_fixed_forward(w, act, n, out, 0, stream);
+            rc = e == cudaSuccess ? 0
+                 : msv_cuda_fail(err, errlen, "gemv_fixed_forward",
+                                 __FILE__, __LINE__, e);
+        } else {
+            rc = linear_forward(cublas, NULL, w, act, fmt, n, out, 0, NULL,
+                                stream, err, errlen);
         }
-        rc = algo != NULL
-             ? msv_inv_run(inv, algo, w, act, n, out, 0, stream, err, errlen)
-             : linear_forward(cublas, NULL, w, act, fmt, n, out, 0, NULL,
-                              stream, err, errlen);
         if (rc != 0) {
             return -1;
         }
+        MSV_CUDA_TRY(cudaEventRecord(ev[1], stream), err, errlen);
+        MSV_CUDA_TRY(cudaEventSynchronize(ev[1]), err, errlen);
+        MSV_CUDA_TRY(cudaEventElapsedTime(&t, ev[0], ev[1]), err, errlen);
+        if (i > 0) {
+            sum += t;
+        }
     }
-    MSV_CUDA_TRY(cudaEventRecord(ev[1], stream), err, errlen);
-    MSV_CUDA_TRY(cudaEventSynchronize(ev[1]), err, errlen);
-    MSV_CUDA_TRY(cudaEventElapsedTime(&t, ev[0], ev[1]), err, errlen);
-    *ms = t / MSV_INV_REPS;
+    *ms = sum / MSV_INV_REPS;
     return 0;
 }
 
@@ -437,6 +526,9 @@ msv_inv_differ(const float *a, const float *b, size_t n, unsigned int *dcount,
 struct msv_inv_scratch {
     void          *act;                  /* [256][cols] */
     float         *out[MSV_INV_TN];      /* [msv_inv_time_n[k]][rows] */
+    float         *fix;                  /* [MSV_GEMV_FIXED_MAX][rows] */
+    uint4         *flush;                /* twice the L2 cache */
+    size_t         flush_words;
     unsigned int  *dcount;
     cudaEvent_t    ev[2];
 };
@@ -451,6 +543,8 @@ msv_inv_scratch_free(struct msv_inv_scratch *s)
     for (k = 0; k < MSV_INV_TN; k++) {
         cudaFree(s->out[k]);
     }
+    cudaFree(s->fix);
+    cudaFree(s->flush);
     cudaFree(s->dcount);
     for (k = 0; k < 2; k++) {
         if (s->ev[k] != NULL) {
@@ -466,9 +560,17 @@ msv_inv_scratch_new(struct msv_inv_scratch *s, const struct msv_dmat *w,
     cudaStream_t stream, char *err, size_t errlen)
 {
     size_t  n_act, esz;
-    int     k;
+    int     k, dev, l2;
 
     memset(s, 0, sizeof(*s));
+    MSV_CUDA_TRY(cudaGetDevice(&dev), err, errlen);
+    MSV_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev),
+                 err, errlen);
+    s->flush_words = 2 * (size_t) (l2 > 0 ? l2 : 64 << 20) / sizeof(uint4);
+    MSV_CUDA_TRY(cudaMalloc((void **) &s->flush,
+                            s->flush_words * sizeof(uint4)), err, errlen);
+    MSV_CUDA_TRY(cudaMemsetAsync(s->flush, 0, s->flush_words * sizeof(uint4),
+                                 stream), err, errlen);
     esz = w->dtype == MSV_F32 ? 4 : 2;
     n_act = (size_t) msv_inv_time_n[MSV_INV_TN - 1] * w->cols;
     MSV_CUDA_TRY(cudaMalloc(&s->act, n_act * esz), err, errlen);
@@ -477,6 +579,9 @@ msv_inv_scratch_new(struct msv_inv_scratch *s, const struct msv_dmat *w,
                                 (size_t) msv_inv_time_n[k] * w->rows
                                 * sizeof(float)), err, errlen);
     }
+    MSV_CUDA_TRY(cudaMalloc((void **) &s->fix, (size_t) MSV_GEMV_FIXED_MAX
+                                                * w->rows * sizeof(float)),
+                 err, errlen);
     MSV_CUDA_TRY(cudaMalloc((void **) &s->dcount, sizeof(*s->dcount)),
                  err, errlen);
     for (k = 0; k < 2; k++) {
@@ -527,8 +632,9 @@ msv_inv_try(struct msv_gemm_inv *inv, const cublasLtMatmulAlgo_t *algo,
     int           k;
 
     for (k = 0; k < MSV_INV_TN; k++) {
-        if (msv_inv_time(inv, NULL, algo, w, s->act, msv_inv_time_n[k],
-                         s->out[k], stream, s->ev, &t[k], err, errlen) != 0)
+        if (msv_inv_time(inv, NULL, algo, 0, w, s->act, msv_inv_time_n[k],
+                         s->out[k], s->flush, s->flush_words, s->dcount,
+                         stream, s->ev, &t[k], err, errlen) != 0)
         {
             e = cudaStreamSynchronize(stream);
             if (e != cudaSuccess) {
@@ -559,14 +665,16 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
 {
     cublasLtMatmulAlgo_t     cand[MSV_INV_MAXC];
     float                    t[MSV_INV_MAXC][MSV_INV_TN], ref[MSV_INV_TN];
+    float                    t_fix, t_fixm;
     double                   score, best_score;
     unsigned int             differ;
-    int                      n_cand, n_other, n_refused, ok[MSV_INV_MAXC];
-    int                      c, k, pick, rc;
+    int                      n_cand, n_other, n_refused, n_fix;
+    int                      ok[MSV_INV_MAXC], same_fix[MSV_INV_MAXC];
+    int                      c, k, pick, rc, fixed, pass;
     struct msv_inv_scratch   s;
     struct msv_inv_cfg       cfg;
     struct msv_inv_plan     *p;
-    char                     why[256];
+    char                     why[256], fix_note[160];
 
     line[0] = '\0';
     if (msv_inv_find(inv, w) != NULL) {
@@ -595,18 +703,39 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
 
     /* the default path: the yardstick of the choice, and the log */
     for (k = 0; k < MSV_INV_TN; k++) {
-        if (msv_inv_time(inv, cublas, NULL, w, s.act, msv_inv_time_n[k],
-                         s.out[k], stream, s.ev, &ref[k], err, errlen) != 0)
+        if (msv_inv_time(inv, cublas, NULL, MSV_INV_DEFAULT, w, s.act,
+                         msv_inv_time_n[k], s.out[k], s.flush, s.flush_words,
+                         s.dcount, stream, s.ev, &ref[k], err, errlen) != 0)
         {
             goto done;
         }
     }
 
+    /* the fixed-order GEMV: its time at n = 1, then its bits at n =
+     * MSV_GEMV_FIXED_MAX (the leading rows of the scratch activations)
+     * for the candidates to match */
+    fixed = gemv_fixed_usable(w, MSV_ACT_BF16, MSV_GEMV_FIXED_MAX);
+    t_fix = 0.0f;
+    t_fixm = 0.0f;
+    if (fixed
+        && (msv_inv_time(inv, NULL, NULL, MSV_INV_FIXED, w, s.act, 1, s.fix,
+                         s.flush, s.flush_words, s.dcount, stream, s.ev,
+                         &t_fix, err, errlen) != 0
+            || msv_inv_time(inv, NULL, NULL, MSV_INV_FIXED, w, s.act,
+                            MSV_GEMV_FIXED_MAX, s.fix, s.flush,
+                            s.flush_words, s.dcount, stream, s.ev, &t_fixm,
+                            err, errlen) != 0))
+    {
+        goto done;
+    }
+
     n_other = 0;
     n_refused = 0;
+    n_fix = 0;
     why[0] = '\0';
     for (c = 0; c < n_cand; c++) {
         differ = 0;
+        same_fix[c] = 0;
         ok[c] = msv_inv_try(inv, &cand[c], w, &s, stream, t[c], &differ,
                             err, errlen);
         if (ok[c] < 0) {
@@ -618,6 +747,15 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
         } else if (differ != 0) {
             ok[c] = 0;
             n_other++;
+        } else if (fixed) {
+            if (msv_inv_differ(s.fix, s.out[MSV_INV_TN - 1],
+                               (size_t) MSV_GEMV_FIXED_MAX * w->rows,
+                               s.dcount, &differ, stream, err, errlen) != 0)
+            {
+                goto done;
+            }
+            same_fix[c] = differ == 0;
+            n_fix += same_fix[c];
         }
     }
 
@@ -625,22 +763,26 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
      * timed sizes is smallest: the mode's cost at any batch is bounded by
      * that ratio (measured at 1, 64, 256 with the earlier rule, the sum
      * of the times relative to the fastest candidate, the pick cost
-     * +18% to +20% a decode step at batch 256: bench/results/engine.md) */
+     * +18% to +20% a decode step at batch 256: bench/results/engine.md).
+     * First among the candidates with the fixed-order GEMV's bits, which
+     * runs n = 1 for them; if there are none, among all. */
     pick = -1;
     best_score = 0.0;
-    for (c = 0; c < n_cand; c++) {
-        if (!ok[c]) {
-            continue;
-        }
-        score = 0.0;
-        for (k = 0; k < MSV_INV_TN; k++) {
-            if (ref[k] > 0.0f && t[c][k] / ref[k] > score) {
-                score = t[c][k] / ref[k];
+    for (pass = n_fix > 0 ? 0 : 1; pass < 2 && pick < 0; pass++) {
+        for (c = 0; c < n_cand; c++) {
+            if (!ok[c] || (pass == 0 && !same_fix[c])) {
+                continue;
             }
-        }
-        if (pick < 0 || score < best_score) {
-            pick = c;
-            best_score = score;
+            score = 0.0;
+            for (k = pass == 0 ? 1 : 0; k < MSV_INV_TN; k++) {
+                if (ref[k] > 0.0f && t[c][k] / ref[k] > score) {
+                    score = t[c][k] / ref[k];
+                }
+            }
+            if (pick < 0 || score < best_score) {
+                pick = c;
+                best_score = score;
+            }
         }
     }
     if (pick < 0) {
@@ -659,17 +801,31 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
     p->dtype = w->dtype;
     p->rows = w->rows;
     p->cols = w->cols;
+    p->fixed = same_fix[pick];
     p->algo = cand[pick];
 
+    if (!fixed) {
+        snprintf(fix_note, sizeof(fix_note), "fixed-order GEMV: not this "
+                 "shape");
+    } else if (p->fixed) {
+        snprintf(fix_note, sizeof(fix_note), "fixed-order GEMV at n <= %d "
+                 "(%d of the candidates its bits): %.4f ms at n = 1, %.4f "
+                 "at %d", MSV_GEMV_FIXED_MAX, n_fix, t_fix, t_fixm,
+                 MSV_GEMV_FIXED_MAX);
+    } else {
+        snprintf(fix_note, sizeof(fix_note), "fixed-order GEMV: no "
+                 "candidate has its bits, not used (%.4f ms at n = 1, %.4f "
+                 "at %d)", t_fix, t_fixm, MSV_GEMV_FIXED_MAX);
+    }
     snprintf(line, linelen, "batch invariant: %u x %u %s: cuBLASLt algo %d "
              "tile %u stages %u swizzle %u custom %u inner %u cluster %u "
              "(best of %d, %d with other bits, %d refused); ms at n = 1, "
              "64, 256: %.4f %.4f %.4f, default path %.4f %.4f %.4f (worst "
-             "ratio %.2f)",
+             "ratio %.2f); %s",
              w->rows, w->cols, msv_inv_dtype(w), cfg.id, cfg.tile,
              cfg.stages, cfg.swizzle, cfg.custom, cfg.inner, cfg.cluster,
              n_cand, n_other, n_refused, t[pick][0], t[pick][1], t[pick][2],
-             ref[0], ref[1], ref[2], best_score);
+             ref[0], ref[1], ref[2], best_score, fix_note);
     rc = 0;
 
 done:
@@ -715,6 +871,11 @@ linear_forward(cublasHandle_t cublas, const struct msv_gemm_inv *inv,
                      "pinned for %u x %u %s", w->rows, w->cols,
                      msv_inv_dtype(w));
             return -1;
+        }
+        if (p->fixed && gemv_fixed_usable(w, fmt, n)) {
+            MSV_CUDA_TRY(gemv_fixed_forward(w, act, n, out, accumulate,
+                                            stream), err, errlen);
+            return 0;
         }
         return msv_inv_run(inv, &p->algo, w, act, n, out, accumulate,
                            stream, err, errlen);

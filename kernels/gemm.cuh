@@ -5,7 +5,8 @@
  * Products accumulate in fp32 (CUBLAS_COMPUTE_32F: no TF32).  The
  * default path is cublasGemmEx (cuBLAS picks the algorithm per call) or,
  * for 1 to 8 rows of bf16, gemv_kernel; the batch-invariant one is
- * cublasLtMatmul with an algorithm pinned per weight shape.
+ * cublasLtMatmul with an algorithm pinned per weight shape, or for 1 to
+ * 8 rows of bf16 gemv_fixed_kernel with the same bits.
  */
 
 #ifndef MSV_GEMM_CUH
@@ -23,6 +24,7 @@ struct msv_dmat {
 };
 
 #define MSV_GEMV_MAX  8               /* batch rows of the GEMV path */
+#define MSV_GEMV_FIXED_MAX  8         /* of the fixed-order GEMV */
 
 /*
  * Batch-invariant products (MSV_CUDA_INVARIANT=1, --batch-invariant).
@@ -44,6 +46,13 @@ struct msv_dmat {
  * candidate's config back; and gemm_inv_pin runs each candidate at n =
  * 1, 64 and 256 on the same leading rows and drops any whose bits differ.
  *
+ * Products of 1 to MSV_GEMV_FIXED_MAX rows of bf16 take the fixed-order
+ * GEMV (gemv_fixed.cuh: tensor-core steps of 16 k in ascending order, as
+ * such an algorithm sums) where gemm_inv_pin found a candidate whose bits
+ * it reproduces: then the plan is that candidate, and the plan's fixed
+ * flag is set; where none does, every size goes through the pinned
+ * algorithm.
+ *
  * The workspace is fixed device memory: decode steps are captured as CUDA
  * graphs, which bake in its pointer; cublasLtMatmul on a stream with a
  * caller-given workspace allocates nothing and can be captured.
@@ -54,6 +63,7 @@ struct msv_inv_plan {
     int                   dtype;
     uint32_t              rows;
     uint32_t              cols;
+    int                   fixed;      /* small products by gemv_fixed */
     cublasLtMatmulAlgo_t  algo;
 };
 
@@ -64,6 +74,10 @@ struct msv_gemm_inv {
     struct msv_inv_plan   plan[MSV_INV_SHAPES];
     int                   n_plans;
 };
+
+/* Whether every plan of inv takes the fixed-order GEMV at 1 to
+ * MSV_GEMV_FIXED_MAX rows (0 with no plans). */
+int gemm_inv_fixed_all(const struct msv_gemm_inv *inv);
 
 /* lt handle for workspace ws (ws_bytes, device memory the caller owns and
  * keeps for inv's life); no plans yet.  0, or -1 with err set. */
@@ -77,9 +91,12 @@ void gemm_inv_free(struct msv_gemm_inv *inv);
  * and line[0] = 0).  Candidates: the heuristic's results for n = 1, 64,
  * 256 without split-K; each timed on w itself at n = 1, 64, 256 (scratch
  * activations, synchronous on stream), the one whose worst ratio to the
- * default path's time over those n is smallest kept.  line: one line
- * naming the chosen config, its times, the default path's and that
- * ratio.  cublas times the default path.  0, or -1 with err set.
+ * default path's time over those n is smallest kept.  Where the
+ * fixed-order GEMV takes w (gemv_fixed_usable), the candidates whose
+ * leading MSV_GEMV_FIXED_MAX rows are its bits come first and n = 1 is left out of their
+ * ratio (the GEMV runs it).  line: one line naming the chosen config,
+ * its times, the default path's, that ratio and the GEMV's use.  cublas
+ * times the default path.  0, or -1 with err set.
  */
 int gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
     const struct msv_dmat *w, cudaStream_t stream, char *line,
@@ -93,6 +110,16 @@ int gemv_usable(const struct msv_dmat *w, int fmt, uint32_t n,
 
 /* out[n][w->rows] (+)= act[n][w->cols] . w^T, bf16 act, n <= 8. */
 cudaError_t gemv_forward(const struct msv_dmat *w, const void *act,
+    uint32_t n, float *out, int accumulate, cudaStream_t stream);
+
+/* Whether gemv_fixed_forward takes the product: bf16 weights (16-byte
+ * aligned, cols a multiple of 8) and activations, 1 to
+ * MSV_GEMV_FIXED_MAX rows. */
+int gemv_fixed_usable(const struct msv_dmat *w, int fmt, uint32_t n);
+
+/* out[n][w->rows] (+)= act[n][w->cols] . w^T in the fixed k order of
+ * gemv_fixed.cuh, bf16 act, 1 <= n <= MSV_GEMV_FIXED_MAX. */
+cudaError_t gemv_fixed_forward(const struct msv_dmat *w, const void *act,
     uint32_t n, float *out, int accumulate, cudaStream_t stream);
 
 /* Whether gemv_silu_forward takes w: gemv_usable, and an even number of

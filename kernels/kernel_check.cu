@@ -656,8 +656,8 @@ msv_cuda_run_linear_bf16(uint16_t *out, const uint16_t *w,
 static int
 msv_check_linear_inv(struct msv_check_bufs *bufs, float *out, const void *w,
     const void *act, int fmt, uint32_t rows, uint32_t cols,
-    const uint32_t *n, uint32_t n_runs, int accumulate, char *err,
-    size_t errlen)
+    const uint32_t *n, uint32_t n_runs, int accumulate, int *fixed,
+    char *line, size_t linelen, char *err, size_t errlen)
 {
     struct msv_gemm_inv  inv;
     struct msv_dmat      m;
@@ -666,9 +666,10 @@ msv_check_linear_inv(struct msv_check_bufs *bufs, float *out, const void *w,
     void                *dw, *dx, *dout, *ws;
     size_t               esz, xb, ob, xo, oo, r0;
     uint32_t             k;
-    char                 line[512];
     int                  rc;
 
+    *fixed = 0;
+    line[0] = '\0';
     if (fmt != MSV_ACT_BF16 && fmt != MSV_ACT_F32) {
         snprintf(err, errlen, "kernel check: linear_inv: format %d", fmt);
         return -1;
@@ -721,9 +722,10 @@ msv_check_linear_inv(struct msv_check_bufs *bufs, float *out, const void *w,
     if (gemm_inv_init(&inv, ws, 32u << 20, err, errlen) != 0) {
         goto done;
     }
-    if (gemm_inv_pin(&inv, cublas, &m, stream, line, sizeof(line), err,
+    if (gemm_inv_pin(&inv, cublas, &m, stream, line, linelen, err,
                      errlen) == 0)
     {
+        *fixed = inv.plan[0].fixed;
         rc = 0;
         xo = 0;
         oo = 0;
@@ -766,14 +768,15 @@ done:
 extern "C" int
 msv_cuda_run_linear_inv(float *out, const void *w, const void *act, int fmt,
     uint32_t rows, uint32_t cols, const uint32_t *n, uint32_t n_runs,
-    int accumulate, char *err, size_t errlen)
+    int accumulate, int *fixed, char *line, size_t linelen, char *err,
+    size_t errlen)
 {
     struct msv_check_bufs  bufs;
     int                    rc;
 
     bufs.n = 0;
     rc = msv_check_linear_inv(&bufs, out, w, act, fmt, rows, cols, n, n_runs,
-                              accumulate, err, errlen);
+                              accumulate, fixed, line, linelen, err, errlen);
     msv_check_free(&bufs);
     return rc;
 }

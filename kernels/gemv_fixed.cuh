@@ -1,0 +1,285 @@
+/*
+ * gemv_fixed.cuh: the product of a bf16 weight with 1 to 8 activation
+ * rows on tensor cores, each output summed over k in ascending steps of
+ * 16 in one fp32 accumulator: the order of a tensor-core GEMM without
+ * split-K.  It is the batch-invariant mode's path at small batch
+ * (gemm.cu: gemv_fixed_forward), where the pinned cuBLASLt algorithms
+ * read the weights at half the rate of a GEMV; it is used for a weight
+ * shape only where its bits have been found equal to the pinned
+ * algorithm's (gemm_inv_pin), so a row's output is the same whether its
+ * batch takes this path or the pinned one.
+ *
+ * out[m][r] (+)= sum_k act[m][k] w[r][k].  A warp owns 8 weight rows and
+ * walks all of k (no k split: that would change the order); the
+ * activation rows are the mma's first 8 rows (m16n8k16: A = act,
+ * row-major, rows 8..15 zeros; B = w^T, w's rows being B's columns, k
+ * contiguous).  Both stream through a ring of S stages of KC columns in
+ * shared memory a warp, a stage holding the 8 weight rows and the 8
+ * activation rows,
+ * filled by cp.async (16-byte words, 16-byte aligned rows: cols a
+ * multiple of 8), each word stored at (word ^ row) within its row so that
+ * ldmatrix reads 8 rows without bank conflicts; the stages past the first
+ * S - 1 are requested while the first ones are used, the weights' first
+ * ones before the kernel ahead has finished.  The mma chain is one
+ * dependent accumulator (the order), so a warp takes a whole stage's
+ * fragments before it starts the stage's chain.  Columns past cols are
+ * zeros on both sides (their products add nothing); activation rows past
+ * n are zeros written once, weight rows past rows are read clamped and
+ * not written.
+ *
+ * The epilogue is cuBLAS's with alpha 1 and beta 0 or 1: the sum, or the
+ * old value plus the sum, rounded once.
+ */
+
+#ifndef MSV_GEMV_FIXED_CUH
+#define MSV_GEMV_FIXED_CUH
+
+#include "cuda_common.cuh"
+#include "gemm.cuh"                  /* MSV_GEMV_FIXED_MAX: one mma tile */
+#include "mma.cuh"
+
+/* Request stage st of a warp's tiles into its ring slot st % S: lane's
+ * word j from src[j] + st * KC into word dst[j] of the slot (kw[j]: its
+ * column in the stage) where use[j], zeros past cols. */
+template <int KC, int S, int WS, int WPT>
+static __device__ __forceinline__ void
+msv_gemv_fixed_issue(uint4 *ring, const __nv_bfloat16 *const src[WPT],
+    const uint32_t dst[WPT], const uint32_t kw[WPT], const bool use[WPT],
+    const __nv_bfloat16 *any, uint32_t cols, uint32_t st)
+{
+    uint4  *slot = ring + (st % S) * WS;
+
+#pragma unroll
+    for (int j = 0; j < WPT; j++) {
+        uint32_t  k = st * KC + kw[j];
+
+        if (use[j]) {
+            msv_cp_async16(slot + dst[j], k < cols ? src[j] + st * KC : any,
+                           k < cols ? 16 : 0);
+        }
+    }
+}
+
+/* Lane's words of a tile of `rows` rows of WPR words (the tile's word
+ * lane + 32 j is lane's word j): source row base + min(row, last) * cols,
+ * stored at word ^ (row & 7) of its row, from offset off of the slot. */
+template <int WPR, int WPT>
+static __device__ __forceinline__ void
+msv_gemv_fixed_words(const __nv_bfloat16 *src[WPT], uint32_t dst[WPT],
+    uint32_t kw[WPT], const __nv_bfloat16 *base, uint32_t last,
+    uint32_t cols, uint32_t off, uint32_t lane)
+{
+#pragma unroll
+    for (int j = 0; j < WPT; j++) {
+        uint32_t  row = (lane + 32 * j) / WPR;
+        uint32_t  word = (lane + 32 * j) % WPR;
+
+        src[j] = base + (size_t) min(row, last) * cols + word * 8;
+        dst[j] = off + row * WPR + (word ^ (row & 7));
+        kw[j] = word * 8;
+    }
+}
+
+/* A stage's fragments, of k steps 2 i and 2 i + 1: b, the weights' B;
+ * a, the activations' a0 and a2 of A (a1 = a3 = 0, the rows past 8). */
+template <int KC>
+struct msv_gemv_fixed_frag {
+    uint32_t  b[KC / 32][4];
+    uint32_t  a[KC / 32][4];
+};
+
+/* Every fragment of the stage in slot: lanes 8 i .. 8 i + 7 address rows
+ * 0..7 of word 2 c + i, of the weights and of the activations. */
+template <int KC>
+static __device__ __forceinline__ void
+msv_gemv_fixed_load(struct msv_gemv_fixed_frag<KC> &f, const uint4 *slot,
+    uint32_t lane)
+{
+    constexpr int  WPR = KC / 8;
+    constexpr int  WW = 8 * WPR;
+    const uint4   *p = slot + (lane & 7) * WPR;
+
+#pragma unroll
+    for (int c = 0; c < KC / 16; c += 2) {
+        msv_ldmatrix_x4(f.b[c / 2], p + ((c * 2 + (lane >> 3)) ^ (lane & 7)));
+        msv_ldmatrix_x4(f.a[c / 2],
+                        p + WW + ((c * 2 + (lane >> 3)) ^ (lane & 7)));
+    }
+}
+
+/* The stage's mma chain from column k0, in k order, none past cols. */
+template <int KC>
+static __device__ __forceinline__ void
+msv_gemv_fixed_chain(float acc[4], const struct msv_gemv_fixed_frag<KC> &f,
+    uint32_t k0, uint32_t cols)
+{
+    uint32_t  fa[4];
+
+#pragma unroll
+    for (int c = 0; c < KC / 16; c++) {
+        if (k0 + 16 * c >= cols) {
+            continue;
+        }
+        fa[0] = f.a[c / 2][2 * (c & 1)];
+        fa[1] = 0u;
+        fa[2] = f.a[c / 2][2 * (c & 1) + 1];
+        fa[3] = 0u;
+        msv_mma_bf16(acc, fa, f.b[c / 2][2 * (c & 1)],
+                     f.b[c / 2][2 * (c & 1) + 1]);
+    }
+}
+
+template <int KC, int S, int NW>
+static __global__ void __launch_bounds__(NW * 32)
+gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
+    uint32_t rows, uint32_t cols, uint32_t n, float *out, int accumulate)
+{
+    constexpr int  WPR = KC / 8;          /* 16-byte words of a row a stage */
+    constexpr int  WW = 8 * WPR;          /* words of a stage: weights, */
+    constexpr int  WX = 8 * WPR;          /* activations */
+    constexpr int  WS = WW + WX;
+    constexpr int  WPT = WW / 32;         /* lane's words a stage */
+    constexpr int  XPT = WX / 32;
+    extern __shared__ uint4  msv_gemv_fixed_ring[];
+
+    const __nv_bfloat16               *wsrc[WPT], *xsrc[XPT];
+    struct msv_gemv_fixed_frag<KC>       f;
+    uint4                             *ring;
+    uint32_t                           wdst[WPT], wkw[WPT], xdst[XPT];
+    uint32_t                           xkw[XPT], lane, warp, r0, g, t, nst;
+    uint32_t                           s;
+    bool                               wuse[WPT], xuse[XPT];
+    float                              acc[4];
+
+    static_assert(KC % 64 == 0, "a row of a stage is a multiple of 8 words "
+                  "(the swizzle keeps to each 8), read 4 at a time");
+    static_assert(S >= 2, "a stage in use, one landing");
+
+    lane = threadIdx.x & 31;
+    warp = threadIdx.x >> 5;
+    r0 = (blockIdx.x * NW + warp) * 8;
+    if (r0 >= rows) {
+        return;
+    }
+    g = lane >> 2;
+    t = lane & 3;
+    nst = MSV_CEIL_DIV(cols, (uint32_t) KC);
+    ring = msv_gemv_fixed_ring + (size_t) warp * S * WS;
+
+    /* a slot: the warp's 8 weight rows (rows past the last read as the
+     * last, not written), then 8 activation rows, those past n zeros
+     * written once and never requested */
+    msv_gemv_fixed_words<WPR, WPT>(wsrc, wdst, wkw, w + (size_t) r0 * cols,
+                                   rows - 1 - r0, cols, 0, lane);
+    msv_gemv_fixed_words<WPR, XPT>(xsrc, xdst, xkw, x, n - 1, cols, WW,
+                                   lane);
+#pragma unroll
+    for (int j = 0; j < WPT; j++) {
+        wuse[j] = true;
+    }
+#pragma unroll
+    for (int j = 0; j < XPT; j++) {
+        xuse[j] = (lane + 32 * j) / WPR < n;
+        if (!xuse[j]) {
+            for (s = 0; s < S; s++) {
+                ring[s * WS + xdst[j]] = make_uint4(0, 0, 0, 0);
+            }
+        }
+    }
+
+    /* the weights are no kernel's output: their first S - 1 stages are
+     * requested before waiting for the kernel that writes x; group s of
+     * the prologue holds stage s's activations (group 0 all the weights) */
+    for (s = 0; s < S - 1; s++) {
+        if (s < nst) {
+            msv_gemv_fixed_issue<KC, S, WS, WPT>(ring, wsrc, wdst, wkw, wuse,
+                                                 w, cols, s);
+        }
+    }
+    msv_grid_wait();
+    msv_grid_release();
+    for (s = 0; s < S - 1; s++) {
+        if (s < nst) {
+            msv_gemv_fixed_issue<KC, S, WS, XPT>(ring, xsrc, xdst, xkw, xuse,
+                                                 w, cols, s);
+        }
+        msv_cp_async_commit();
+    }
+
+    /* a stage: request stage s + S - 1, wait for stage s, take its
+     * fragments, run its chain (taking the next stage's fragments before
+     * this chain, one stage fewer in flight, measured slower: 5.10 ms the
+     * step's products at n = 1 against 4.71, bench/results/engine.md) */
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+    for (s = 0; s < nst; s++) {
+        if (s + S - 1 < nst) {
+            msv_gemv_fixed_issue<KC, S, WS, WPT>(ring, wsrc, wdst, wkw, wuse,
+                                                 w, cols, s + S - 1);
+            msv_gemv_fixed_issue<KC, S, WS, XPT>(ring, xsrc, xdst, xkw, xuse,
+                                                 w, cols, s + S - 1);
+        }
+        msv_cp_async_commit();
+        /* groups 0 .. s complete: stage s landed, for every lane's copies
+         * (and the zeros) */
+        msv_cp_async_wait_newest<S - 1>();
+        __syncwarp();
+        msv_gemv_fixed_load<KC>(f, ring + (s % S) * WS, lane);
+        /* every lane's reads of the slot are done before it is refilled */
+        __syncwarp();
+        msv_gemv_fixed_chain<KC>(acc, f, s * KC, cols);
+    }
+    msv_cp_async_wait_all();
+
+    /* acc[0], acc[1]: activation row g, weight rows r0 + 2 t and + 1
+     * (acc[2], acc[3]: rows g + 8, zeros) */
+    if (g < n) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            uint32_t  r = r0 + 2 * t + e;
+
+            if (r < rows) {
+                float  *o = out + (size_t) g * rows + r;
+
+                *o = accumulate ? *o + acc[e] : acc[e];
+            }
+        }
+    }
+}
+
+/* Launch gemv_fixed_kernel<KC, S, NW> over every row of w [rows][cols]
+ * (cols a multiple of 8, w and x 16-byte aligned) for n activation rows,
+ * 1 <= n <= MSV_GEMV_FIXED_MAX: out fp32 [n][rows].  The first launch
+ * sets the kernel's shared memory limit, which a graph capture does not
+ * take: it runs before any capture (gemm_inv_pin times it). */
+template <int KC, int S, int NW>
+static inline cudaError_t
+gemv_fixed_launch(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
+    uint32_t rows, uint32_t cols, uint32_t n, float *out, int accumulate,
+    cudaStream_t stream)
+{
+    constexpr size_t  smem = (size_t) NW * S * 16 * KC
+                             * sizeof(__nv_bfloat16);
+    static int        ready;
+    dim3              grid(MSV_CEIL_DIV(MSV_CEIL_DIV(rows, 8u),
+                                        (uint32_t) NW));
+    cudaError_t       e;
+
+    static_assert(smem <= 227 * 1024, "a block's ring fits an SM");
+
+    if (n < 1 || n > MSV_GEMV_FIXED_MAX) {
+        return cudaErrorInvalidValue;
+    }
+    if (!ready) {
+        e = cudaFuncSetAttribute((const void *) gemv_fixed_kernel<KC, S, NW>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int) smem);
+        if (e != cudaSuccess) {
+            return e;
+        }
+        ready = 1;
+    }
+    return msv_launch(gemv_fixed_kernel<KC, S, NW>, grid, dim3(NW * 32), smem,
+                      stream, w, x, rows, cols, n, out, accumulate);
+}
+
+#endif /* MSV_GEMV_FIXED_CUH */
