@@ -1547,6 +1547,23 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
         msv_cuda_mark(b, MSV_TM_GEMM);
         return 0;
     }
+    if (fd == MSV_ACT_BF16 && L->gate_up.rows == 2 * c->intermediate
+        && b->pin != NULL && gemv_fixed_silu_usable(b->pin, &L->gate_up, f, n))
+    {
+        /* batch invariant, 1 to 8 rows: the fixed-order GEMV with
+         * SiLU·up in its kernel, bf16 into b->gu (the bits of the pinned
+         * product then silu_mul_forward, as wider batches run it) */
+        MSV_CUDA_TRY(gemv_fixed_silu_forward(&L->gate_up, b->act, n, b->gu,
+                                             b->stream), err, errlen);
+        msv_cuda_mark(b, MSV_TM_GEMM);
+        if (linear_forward(b->cublas, b->pin, &L->down, b->gu, fd, n, b->x,
+                           1, b->tmp, b->stream, err, errlen) != 0)
+        {
+            return -1;
+        }
+        msv_cuda_mark(b, MSV_TM_GEMM);
+        return 0;
+    }
     /* bf16 precision (bf16 weights read as bf16 activations): the
      * product is written bf16 (half the bytes written and read again by
      * SiLU·up), except where the GEMV takes the batch (its sums stay

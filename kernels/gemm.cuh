@@ -64,8 +64,12 @@ struct msv_inv_plan {
     uint32_t              rows;
     uint32_t              cols;
     int                   fixed;      /* small products by gemv_fixed */
-    cublasLtMatmulAlgo_t  algo;
+    cublasLtMatmulAlgo_t  algo;       /* past MSV_INV_MID_MAX rows */
+    cublasLtMatmulAlgo_t  algo_mid;   /* up to MSV_INV_MID_MAX rows: the
+                                         same bits as algo */
 };
+
+#define MSV_INV_MID_MAX  128          /* rows of algo_mid's products */
 
 struct msv_gemm_inv {
     cublasLtHandle_t      lt;
@@ -74,6 +78,18 @@ struct msv_gemm_inv {
     struct msv_inv_plan   plan[MSV_INV_SHAPES];
     int                   n_plans;
 };
+
+/* Whether gemv_fixed_silu_forward takes the gate/up product w (gate
+ * rows, then as many up rows) in the batch-invariant mode: inv's plan
+ * for w has the fixed-order GEMV and gemv_fixed_usable takes it. */
+int gemv_fixed_silu_usable(const struct msv_gemm_inv *inv,
+    const struct msv_dmat *w, int fmt, uint32_t n);
+
+/* out bf16 [n][w->rows / 2] = silu(gate) * up: the fixed-order GEMV's
+ * sums (the pinned algorithm's bits) through silu_mul_forward's formula
+ * and rounding, in one kernel; 1 <= n <= MSV_GEMV_FIXED_MAX. */
+cudaError_t gemv_fixed_silu_forward(const struct msv_dmat *w,
+    const void *act, uint32_t n, void *out, cudaStream_t stream);
 
 /* Whether every plan of inv takes the fixed-order GEMV at 1 to
  * MSV_GEMV_FIXED_MAX rows (0 with no plans). */

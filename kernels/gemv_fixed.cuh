@@ -28,7 +28,11 @@
  * not written.
  *
  * The epilogue is cuBLAS's with alpha 1 and beta 0 or 1: the sum, or the
- * old value plus the sum, rounded once.
+ * old value plus the sum, rounded once.  With SILU, w is a gate/up matrix
+ * (gate rows, then as many up rows): a warp owns 8 gate rows and their 8
+ * up rows (two chains, each in the order above), and writes silu(gate) *
+ * up rounded to bf16 once, silu_mul_forward's formula: the bits of the
+ * product then silu_mul_forward.
  */
 
 #ifndef MSV_GEMV_FIXED_CUH
@@ -80,38 +84,44 @@ msv_gemv_fixed_words(const __nv_bfloat16 *src[WPT], uint32_t dst[WPT],
     }
 }
 
-/* A stage's fragments, of k steps 2 i and 2 i + 1: b, the weights' B;
- * a, the activations' a0 and a2 of A (a1 = a3 = 0, the rows past 8). */
-template <int KC>
+/* A stage's fragments, of k steps 2 i and 2 i + 1: b[h], the B of the
+ * weights' h-th 8 rows; a, the activations' a0 and a2 of A (a1 = a3 =
+ * 0, the rows past 8). */
+template <int KC, int H>
 struct msv_gemv_fixed_frag {
-    uint32_t  b[KC / 32][4];
+    uint32_t  b[H][KC / 32][4];
     uint32_t  a[KC / 32][4];
 };
 
 /* Every fragment of the stage in slot: lanes 8 i .. 8 i + 7 address rows
- * 0..7 of word 2 c + i, of the weights and of the activations. */
-template <int KC>
+ * 0..7 of word 2 c + i, of each 8 weight rows and of the activations. */
+template <int KC, int H>
 static __device__ __forceinline__ void
-msv_gemv_fixed_load(struct msv_gemv_fixed_frag<KC> &f, const uint4 *slot,
+msv_gemv_fixed_load(struct msv_gemv_fixed_frag<KC, H> &f, const uint4 *slot,
     uint32_t lane)
 {
     constexpr int  WPR = KC / 8;
-    constexpr int  WW = 8 * WPR;
+    constexpr int  WW = 8 * H * WPR;
     const uint4   *p = slot + (lane & 7) * WPR;
 
 #pragma unroll
     for (int c = 0; c < KC / 16; c += 2) {
-        msv_ldmatrix_x4(f.b[c / 2], p + ((c * 2 + (lane >> 3)) ^ (lane & 7)));
-        msv_ldmatrix_x4(f.a[c / 2],
-                        p + WW + ((c * 2 + (lane >> 3)) ^ (lane & 7)));
+        uint32_t  word = (c * 2 + (lane >> 3)) ^ (lane & 7);
+
+#pragma unroll
+        for (int h = 0; h < H; h++) {
+            msv_ldmatrix_x4(f.b[h][c / 2], p + h * 8 * WPR + word);
+        }
+        msv_ldmatrix_x4(f.a[c / 2], p + WW + word);
     }
 }
 
-/* The stage's mma chain from column k0, in k order, none past cols. */
-template <int KC>
+/* The stage's mma chains from column k0 (acc[h]: weight rows 8 h ..),
+ * each in k order, none past cols. */
+template <int KC, int H>
 static __device__ __forceinline__ void
-msv_gemv_fixed_chain(float acc[4], const struct msv_gemv_fixed_frag<KC> &f,
-    uint32_t k0, uint32_t cols)
+msv_gemv_fixed_chain(float acc[H][4],
+    const struct msv_gemv_fixed_frag<KC, H> &f, uint32_t k0, uint32_t cols)
 {
     uint32_t  fa[4];
 
@@ -124,18 +134,22 @@ msv_gemv_fixed_chain(float acc[4], const struct msv_gemv_fixed_frag<KC> &f,
         fa[1] = 0u;
         fa[2] = f.a[c / 2][2 * (c & 1) + 1];
         fa[3] = 0u;
-        msv_mma_bf16(acc, fa, f.b[c / 2][2 * (c & 1)],
-                     f.b[c / 2][2 * (c & 1) + 1]);
+#pragma unroll
+        for (int h = 0; h < H; h++) {
+            msv_mma_bf16(acc[h], fa, f.b[h][c / 2][2 * (c & 1)],
+                         f.b[h][c / 2][2 * (c & 1) + 1]);
+        }
     }
 }
 
-template <int KC, int S, int NW>
+template <int KC, int S, int NW, bool SILU>
 static __global__ void __launch_bounds__(NW * 32)
 gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
-    uint32_t rows, uint32_t cols, uint32_t n, float *out, int accumulate)
+    uint32_t rows, uint32_t cols, uint32_t n, void *out, int accumulate)
 {
+    constexpr int  H = SILU ? 2 : 1;      /* 8 weight rows a chain */
     constexpr int  WPR = KC / 8;          /* 16-byte words of a row a stage */
-    constexpr int  WW = 8 * WPR;          /* words of a stage: weights, */
+    constexpr int  WW = 8 * H * WPR;      /* words of a stage: weights, */
     constexpr int  WX = 8 * WPR;          /* activations */
     constexpr int  WS = WW + WX;
     constexpr int  WPT = WW / 32;         /* lane's words a stage */
@@ -143,13 +157,13 @@ gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
     extern __shared__ uint4  msv_gemv_fixed_ring[];
 
     const __nv_bfloat16               *wsrc[WPT], *xsrc[XPT];
-    struct msv_gemv_fixed_frag<KC>       f;
+    struct msv_gemv_fixed_frag<KC, H>    f;
     uint4                             *ring;
     uint32_t                           wdst[WPT], wkw[WPT], xdst[XPT];
     uint32_t                           xkw[XPT], lane, warp, r0, g, t, nst;
-    uint32_t                           s;
+    uint32_t                           s, outs;
     bool                               wuse[WPT], xuse[XPT];
-    float                              acc[4];
+    float                              acc[H][4];
 
     static_assert(KC % 64 == 0, "a row of a stage is a multiple of 8 words "
                   "(the swizzle keeps to each 8), read 4 at a time");
@@ -157,8 +171,9 @@ gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
 
     lane = threadIdx.x & 31;
     warp = threadIdx.x >> 5;
+    outs = SILU ? rows / 2 : rows;        /* output columns */
     r0 = (blockIdx.x * NW + warp) * 8;
-    if (r0 >= rows) {
+    if (r0 >= outs) {
         return;
     }
     g = lane >> 2;
@@ -166,11 +181,20 @@ gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
     nst = MSV_CEIL_DIV(cols, (uint32_t) KC);
     ring = msv_gemv_fixed_ring + (size_t) warp * S * WS;
 
-    /* a slot: the warp's 8 weight rows (rows past the last read as the
-     * last, not written), then 8 activation rows, those past n zeros
-     * written once and never requested */
-    msv_gemv_fixed_words<WPR, WPT>(wsrc, wdst, wkw, w + (size_t) r0 * cols,
-                                   rows - 1 - r0, cols, 0, lane);
+    /* a slot: the warp's 8 weight rows, with SILU its 8 gate rows then
+     * their 8 up rows (rows past the last read as the last, not written),
+     * then 8 activation rows, those past n zeros written once and never
+     * requested */
+#pragma unroll
+    for (int h = 0; h < H; h++) {
+        msv_gemv_fixed_words<WPR, WPT / H>(wsrc + h * (WPT / H),
+                                           wdst + h * (WPT / H),
+                                           wkw + h * (WPT / H),
+                                           w + ((size_t) h * outs + r0)
+                                               * cols,
+                                           outs - 1 - r0, cols,
+                                           h * 8 * WPR, lane);
+    }
     msv_gemv_fixed_words<WPR, XPT>(xsrc, xdst, xkw, x, n - 1, cols, WW,
                                    lane);
 #pragma unroll
@@ -210,7 +234,10 @@ gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
      * fragments, run its chain (taking the next stage's fragments before
      * this chain, one stage fewer in flight, measured slower: 5.10 ms the
      * step's products at n = 1 against 4.71, bench/results/engine.md) */
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < H; h++) {
+        acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
+    }
     for (s = 0; s < nst; s++) {
         if (s + S - 1 < nst) {
             msv_gemv_fixed_issue<KC, S, WS, WPT>(ring, wsrc, wdst, wkw, wuse,
@@ -223,63 +250,86 @@ gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
          * (and the zeros) */
         msv_cp_async_wait_newest<S - 1>();
         __syncwarp();
-        msv_gemv_fixed_load<KC>(f, ring + (s % S) * WS, lane);
+        msv_gemv_fixed_load<KC, H>(f, ring + (s % S) * WS, lane);
         /* every lane's reads of the slot are done before it is refilled */
         __syncwarp();
-        msv_gemv_fixed_chain<KC>(acc, f, s * KC, cols);
+        msv_gemv_fixed_chain<KC, H>(acc, f, s * KC, cols);
     }
     msv_cp_async_wait_all();
 
-    /* acc[0], acc[1]: activation row g, weight rows r0 + 2 t and + 1
-     * (acc[2], acc[3]: rows g + 8, zeros) */
+    /* acc[h][0], acc[h][1]: activation row g, weight rows r0 + 2 t and
+     * + 1 of chain h (acc[h][2], acc[h][3]: rows g + 8, zeros) */
     if (g < n) {
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             uint32_t  r = r0 + 2 * t + e;
 
-            if (r < rows) {
-                float  *o = out + (size_t) g * rows + r;
+            if (r >= outs) {
+                continue;
+            }
+            if constexpr (SILU) {
+                float  gv = acc[0][e], uv = acc[1][e];
 
-                *o = accumulate ? *o + acc[e] : acc[e];
+                ((__nv_bfloat16 *) out)[(size_t) g * outs + r] =
+                    __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
+            } else {
+                float  *o = (float *) out + (size_t) g * outs + r;
+
+                *o = accumulate ? *o + acc[0][e] : acc[0][e];
             }
         }
     }
 }
 
-/* Launch gemv_fixed_kernel<KC, S, NW> over every row of w [rows][cols]
- * (cols a multiple of 8, w and x 16-byte aligned) for n activation rows,
- * 1 <= n <= MSV_GEMV_FIXED_MAX: out fp32 [n][rows].  The first launch
+/* Launch gemv_fixed_kernel<KC, S, NW, SILU> over every output of w
+ * [rows][cols] (cols a multiple of 8, w and x 16-byte aligned; with SILU
+ * rows even) for n activation rows, 1 <= n <= MSV_GEMV_FIXED_MAX: out
+ * fp32 [n][rows], or with SILU bf16 [n][rows / 2].  The first launch
  * sets the kernel's shared memory limit, which a graph capture does not
- * take: it runs before any capture (gemm_inv_pin times it). */
+ * take: it runs before any capture (gemm_inv_pin times it; gemm.cu runs
+ * the SILU form there too). */
+template <int KC, int S, int NW, bool SILU>
+static inline cudaError_t
+gemv_fixed_launch_form(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
+    uint32_t rows, uint32_t cols, uint32_t n, void *out, int accumulate,
+    cudaStream_t stream)
+{
+    constexpr size_t  smem = (size_t) NW * S * ((SILU ? 16 : 8) + 8) * KC
+                             * sizeof(__nv_bfloat16);
+    static int        ready;
+    uint32_t          outs = SILU ? rows / 2 : rows;
+    dim3              grid(MSV_CEIL_DIV(MSV_CEIL_DIV(outs, 8u),
+                                        (uint32_t) NW));
+    cudaError_t       e;
+
+    static_assert(smem <= 227 * 1024, "a block's ring fits an SM");
+
+    if (n < 1 || n > MSV_GEMV_FIXED_MAX || (SILU && rows % 2 != 0)) {
+        return cudaErrorInvalidValue;
+    }
+    if (!ready) {
+        e = cudaFuncSetAttribute(
+                (const void *) gemv_fixed_kernel<KC, S, NW, SILU>,
+                cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
+        if (e != cudaSuccess) {
+            return e;
+        }
+        ready = 1;
+    }
+    return msv_launch(gemv_fixed_kernel<KC, S, NW, SILU>, grid,
+                      dim3(NW * 32), smem, stream, w, x, rows, cols, n, out,
+                      accumulate);
+}
+
+/* The plain form: out fp32 [n][rows] (+)= x . w^T. */
 template <int KC, int S, int NW>
 static inline cudaError_t
 gemv_fixed_launch(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
     uint32_t rows, uint32_t cols, uint32_t n, float *out, int accumulate,
     cudaStream_t stream)
 {
-    constexpr size_t  smem = (size_t) NW * S * 16 * KC
-                             * sizeof(__nv_bfloat16);
-    static int        ready;
-    dim3              grid(MSV_CEIL_DIV(MSV_CEIL_DIV(rows, 8u),
-                                        (uint32_t) NW));
-    cudaError_t       e;
-
-    static_assert(smem <= 227 * 1024, "a block's ring fits an SM");
-
-    if (n < 1 || n > MSV_GEMV_FIXED_MAX) {
-        return cudaErrorInvalidValue;
-    }
-    if (!ready) {
-        e = cudaFuncSetAttribute((const void *) gemv_fixed_kernel<KC, S, NW>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int) smem);
-        if (e != cudaSuccess) {
-            return e;
-        }
-        ready = 1;
-    }
-    return msv_launch(gemv_fixed_kernel<KC, S, NW>, grid, dim3(NW * 32), smem,
-                      stream, w, x, rows, cols, n, out, accumulate);
+    return gemv_fixed_launch_form<KC, S, NW, false>(w, x, rows, cols, n, out,
+                                                    accumulate, stream);
 }
 
 #endif /* MSV_GEMV_FIXED_CUH */

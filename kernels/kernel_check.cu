@@ -656,15 +656,17 @@ msv_cuda_run_linear_bf16(uint16_t *out, const uint16_t *w,
 static int
 msv_check_linear_inv(struct msv_check_bufs *bufs, float *out, const void *w,
     const void *act, int fmt, uint32_t rows, uint32_t cols,
-    const uint32_t *n, uint32_t n_runs, int accumulate, int *fixed,
-    char *line, size_t linelen, char *err, size_t errlen)
+    const uint32_t *n, uint32_t n_runs, int accumulate, int silu,
+    int *fixed, char *line, size_t linelen, char *err, size_t errlen)
 {
     struct msv_gemm_inv  inv;
     struct msv_dmat      m;
     cublasHandle_t       cublas;
     cudaStream_t         stream;
-    void                *dw, *dx, *dout, *ws;
-    size_t               esz, xb, ob, xo, oo, r0;
+    cudaError_t          e;
+    void                *dw, *dx, *dout, *ws, *dsilu;
+    uint16_t            *hs;
+    size_t               esz, xb, ob, sb, xo, oo, so, r0, i, half;
     uint32_t             k;
     int                  rc;
 
@@ -674,18 +676,27 @@ msv_check_linear_inv(struct msv_check_bufs *bufs, float *out, const void *w,
         snprintf(err, errlen, "kernel check: linear_inv: format %d", fmt);
         return -1;
     }
+    if (silu && (fmt != MSV_ACT_BF16 || accumulate || rows % 2 != 0)) {
+        snprintf(err, errlen, "kernel check: linear_inv: SiLU·up takes "
+                 "bf16, no accumulate, even rows");
+        return -1;
+    }
     esz = fmt == MSV_ACT_F32 ? 4 : 2;
+    half = rows / 2;
     xb = 0;
     ob = 0;
+    sb = 0;
     for (k = 0; k < n_runs; k++) {
         xb += MSV_CHECK_ALIGN((size_t) n[k] * cols * esz);
         ob += MSV_CHECK_ALIGN((size_t) n[k] * rows * sizeof(float));
+        sb += MSV_CHECK_ALIGN((size_t) n[k] * half * 2);
     }
     if (msv_check_put(bufs, &dw, w, (size_t) rows * cols * esz, err, errlen)
         != 0
         || msv_check_put(bufs, &dx, NULL, xb, err, errlen) != 0
         || msv_check_put(bufs, &dout, NULL, ob, err, errlen) != 0
-        || msv_check_put(bufs, &ws, NULL, 32u << 20, err, errlen) != 0)
+        || msv_check_put(bufs, &ws, NULL, 32u << 20, err, errlen) != 0
+        || msv_check_put(bufs, &dsilu, NULL, sb, err, errlen) != 0)
     {
         return -1;
     }
@@ -729,12 +740,32 @@ msv_check_linear_inv(struct msv_check_bufs *bufs, float *out, const void *w,
         rc = 0;
         xo = 0;
         oo = 0;
+        so = 0;
         for (k = 0; k < n_runs && rc == 0; k++) {
-            rc = linear_forward(cublas, &inv, &m, (const char *) dx + xo,
-                                fmt, n[k], (float *) ((char *) dout + oo),
-                                accumulate, NULL, stream, err, errlen);
+            if (silu && gemv_fixed_silu_usable(&inv, &m, fmt, n[k])) {
+                /* the backend's path at 1 to 8 rows */
+                e = gemv_fixed_silu_forward(&m, (const char *) dx + xo, n[k],
+                                            (char *) dsilu + so, stream);
+                rc = e == cudaSuccess ? 0
+                     : msv_cuda_fail(err, errlen, "gemv_fixed_silu_forward",
+                                     __FILE__, __LINE__, e);
+            } else {
+                rc = linear_forward(cublas, &inv, &m, (const char *) dx + xo,
+                                    fmt, n[k], (float *) ((char *) dout + oo),
+                                    accumulate, NULL, stream, err, errlen);
+                if (rc == 0 && silu) {
+                    /* wider: the product, then SiLU·up */
+                    e = silu_mul_forward((char *) dsilu + so, MSV_ACT_BF16,
+                                         (char *) dout + oo, MSV_F32, n[k],
+                                         (uint32_t) half, stream);
+                    rc = e == cudaSuccess ? 0
+                         : msv_cuda_fail(err, errlen, "silu_mul_forward",
+                                         __FILE__, __LINE__, e);
+                }
+            }
             xo += MSV_CHECK_ALIGN((size_t) n[k] * cols * esz);
             oo += MSV_CHECK_ALIGN((size_t) n[k] * rows * sizeof(float));
+            so += MSV_CHECK_ALIGN((size_t) n[k] * half * 2);
         }
         if (rc == 0 && cudaStreamSynchronize(stream) != cudaSuccess) {
             snprintf(err, errlen, "kernel check: linear_inv: the products "
@@ -753,12 +784,32 @@ done:
         return -1;
     }
     oo = 0;
+    so = 0;
     r0 = 0;
     for (k = 0; k < n_runs; k++) {
-        MSV_CUDA_TRY(cudaMemcpy(out + r0 * rows, (char *) dout + oo,
-                                (size_t) n[k] * rows * sizeof(float),
-                                cudaMemcpyDeviceToHost), err, errlen);
+        if (silu) {
+            /* bf16 values, exactly as floats */
+            hs = (uint16_t *) malloc((size_t) n[k] * half * 2);
+            if (hs == NULL) {
+                snprintf(err, errlen, "kernel check: out of memory");
+                return -1;
+            }
+            e = cudaMemcpy(hs, (char *) dsilu + so, (size_t) n[k] * half * 2,
+                           cudaMemcpyDeviceToHost);
+            for (i = 0; e == cudaSuccess && i < (size_t) n[k] * half; i++) {
+                uint32_t  u = (uint32_t) hs[i] << 16;
+
+                memcpy(out + r0 * half + i, &u, sizeof(float));
+            }
+            free(hs);
+            MSV_CUDA_TRY(e, err, errlen);
+        } else {
+            MSV_CUDA_TRY(cudaMemcpy(out + r0 * rows, (char *) dout + oo,
+                                    (size_t) n[k] * rows * sizeof(float),
+                                    cudaMemcpyDeviceToHost), err, errlen);
+        }
         oo += MSV_CHECK_ALIGN((size_t) n[k] * rows * sizeof(float));
+        so += MSV_CHECK_ALIGN((size_t) n[k] * half * 2);
         r0 += n[k];
     }
     return 0;
@@ -768,15 +819,16 @@ done:
 extern "C" int
 msv_cuda_run_linear_inv(float *out, const void *w, const void *act, int fmt,
     uint32_t rows, uint32_t cols, const uint32_t *n, uint32_t n_runs,
-    int accumulate, int *fixed, char *line, size_t linelen, char *err,
-    size_t errlen)
+    int accumulate, int silu, int *fixed, char *line, size_t linelen,
+    char *err, size_t errlen)
 {
     struct msv_check_bufs  bufs;
     int                    rc;
 
     bufs.n = 0;
     rc = msv_check_linear_inv(&bufs, out, w, act, fmt, rows, cols, n, n_runs,
-                              accumulate, fixed, line, linelen, err, errlen);
+                              accumulate, silu, fixed, line, linelen, err,
+                              errlen);
     msv_check_free(&bufs);
     return rc;
 }

@@ -109,13 +109,16 @@ int msv_cuda_run_linear_bf16(uint16_t *out, const uint16_t *w,
  * products, run k of n[k] rows: out_k [n[k]][rows] (+)= act_k [n[k]][cols]
  * . w[rows][cols]^T, the runs' act and out concatenated in order.  fmt
  * MSV_CHECK_BF16: w and act are bf16 bits (uint16_t); MSV_CHECK_F32:
- * fp32.  out is read first when accumulate.  *fixed: whether the plan
- * sends products of 1 to 8 rows to the fixed-order GEMV; line:
- * gemm_inv_pin's line.
+ * fp32.  out is read first when accumulate.  With silu (bf16, no
+ * accumulate, rows even: w a gate/up matrix), each run is the backend's
+ * SiLU·up instead: gemv_fixed_silu_forward where it takes the run, else
+ * the product then silu_mul_forward, out_k [n[k]][rows / 2] the bf16
+ * results as floats.  *fixed: whether the plan sends products of 1 to 8
+ * rows to the fixed-order GEMV; line: gemm_inv_pin's line.
  */
 int msv_cuda_run_linear_inv(float *out, const void *w, const void *act,
     int fmt, uint32_t rows, uint32_t cols, const uint32_t *n,
-    uint32_t n_runs, int accumulate, int *fixed, char *line,
+    uint32_t n_runs, int accumulate, int silu, int *fixed, char *line,
     size_t linelen, char *err, size_t errlen);
 
 #ifdef __cplusplus

@@ -1079,7 +1079,7 @@ check_linear_invariant(void)
         }
 
         if (msv_cuda_run_linear_inv(out, w, x, fmt, rows, cols, sizes, RUNS,
-                                    acc, &fixed, line, sizeof(line), err,
+                                    acc, 0, &fixed, line, sizeof(line), err,
                                     sizeof(err)) != 0)
         {
             chk_fail("kernel linear invariant %ux%u: %s", rows, cols, err);
@@ -1139,6 +1139,122 @@ check_linear_invariant(void)
 }
 
 
+/*
+ * The batch-invariant SiLU·up, as the backend runs the MLP in that mode:
+ * a gate/up weight [2 I][cols] (bf16), one probe activation row at a
+ * different position in products of 1, 3 and 8 rows (the fixed-order
+ * GEMV with SiLU·up in its kernel) and 9 and 64 (the pinned product, then
+ * silu_mul_forward).  The probe's bf16 outputs must be the same bits in
+ * every product, and every output within 4e-3 (bf16 rounding) of
+ * silu(gate) * up from double-precision products.
+ */
+static void
+check_linear_invariant_silu(void)
+{
+    static const uint32_t  sizes[] = { 1, 3, 8, 9, 64 };
+    static const uint32_t  probe_at[] = { 0, 2, 5, 8, 37 };
+    static const uint32_t  cases[][2] = {       /* rows (2 I), cols */
+        { 200, 136 }, { 2048, 1000 }, { 1024, 4096 },
+    };
+    enum { RUNS = sizeof(sizes) / sizeof(sizes[0]) };
+    char        err[512], line[640];
+    uint16_t   *w, *x;
+    float      *wv, *xv, *pv, *out, *ref;
+    double      g, u;
+    uint32_t    c, k, m, j, i, rows, cols, half, total, row0, first, bad_n;
+    int         bad, fixed;
+
+    total = 0;
+    for (k = 0; k < RUNS; k++) {
+        total += sizes[k];
+    }
+    for (c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        rows = cases[c][0];
+        cols = cases[c][1];
+        half = rows / 2;
+        w = chk_alloc((size_t) rows * cols * 2);
+        wv = chk_alloc((size_t) rows * cols * sizeof(float));
+        x = chk_alloc((size_t) total * cols * 2);
+        xv = chk_alloc((size_t) total * cols * sizeof(float));
+        pv = chk_alloc((size_t) cols * sizeof(float));
+        out = chk_alloc((size_t) total * half * sizeof(float));
+        ref = chk_alloc((size_t) total * half * sizeof(float));
+
+        for (i = 0; i < rows * cols; i++) {
+            chk_put_val(w, wv, i, MSV_CHECK_BF16,
+                        chk_uniform() * 4.0f / sqrtf((float) cols));
+        }
+        chk_fill(pv, cols, 2.0f);
+        row0 = 0;
+        for (k = 0; k < RUNS; k++) {
+            for (m = 0; m < sizes[k]; m++) {
+                for (i = 0; i < cols; i++) {
+                    chk_put_val(x, xv, (size_t) (row0 + m) * cols + i,
+                                MSV_CHECK_BF16, m == probe_at[k] ? pv[i]
+                                : 2.0f * chk_uniform());
+                }
+            }
+            row0 += sizes[k];
+        }
+        for (m = 0; m < total; m++) {
+            for (j = 0; j < half; j++) {
+                g = 0.0;
+                u = 0.0;
+                for (i = 0; i < cols; i++) {
+                    g += (double) wv[(size_t) j * cols + i]
+                         * xv[(size_t) m * cols + i];
+                    u += (double) wv[(size_t) (half + j) * cols + i]
+                         * xv[(size_t) m * cols + i];
+                }
+                ref[(size_t) m * half + j] = (float) (g / (1.0 + exp(-g))
+                                                      * u);
+            }
+        }
+
+        if (msv_cuda_run_linear_inv(out, w, x, MSV_CHECK_BF16, rows, cols,
+                                    sizes, RUNS, 0, 1, &fixed, line,
+                                    sizeof(line), err, sizeof(err)) != 0)
+        {
+            chk_fail("kernel SiLU·up invariant %ux%u: %s", rows, cols, err);
+        } else {
+            tap_ok(fixed, "kernel SiLU·up invariant %ux%u: n <= 8 by the "
+                   "fixed-order GEMV with SiLU·up%s", rows, cols,
+                   fixed ? "" : " (no candidate has its bits)");
+            first = probe_at[0];
+            bad = 0;
+            bad_n = 0;
+            row0 = 0;
+            for (k = 0; k < RUNS; k++) {
+                if (!bad && memcmp(out + (size_t) (row0 + probe_at[k]) * half,
+                                   out + (size_t) first * half,
+                                   half * sizeof(float)) != 0)
+                {
+                    bad = 1;
+                    bad_n = sizes[k];
+                }
+                row0 += sizes[k];
+            }
+            if (bad) {
+                chk_fail("kernel SiLU·up invariant %ux%u: the probe row at "
+                         "n=%u differs from n=1", rows, cols, bad_n);
+            } else {
+                tap_ok(1, "kernel SiLU·up invariant %ux%u: the probe row "
+                       "the same bits at n = 1, 3, 8, 9, 64", rows, cols);
+            }
+            chk_record(chk_rel_rows(out, ref, total, half), 4e-3,
+                       "kernel SiLU·up invariant %ux%u", rows, cols);
+        }
+        free(w);
+        free(wv);
+        free(x);
+        free(xv);
+        free(pv);
+        free(out);
+        free(ref);
+    }
+}
+
+
 /* Every kernel check, in this order (the random inputs follow the seed). */
 static void
 check_kernels(void)
@@ -1150,6 +1266,7 @@ check_kernels(void)
     check_gemv();
     check_silu_mul();
     check_linear_invariant();
+    check_linear_invariant_silu();
 }
 
 #endif /* MSV_HAVE_CUDA */
