@@ -12,7 +12,10 @@
 #      request decoding;
 #   3. prefill: 256 x 128 and 1 x 8192 prompts (max_tokens 1);
 #   4. a per-step breakdown from CUDA events (every 16th step runs
-#      without its graph, with events between launches);
+#      without its graph, with events between launches), and from the
+#      worker's step log the time between forwards: the device sampler's
+#      time and the host's work after it (rows into the ring, the
+#      scheduler), which the device waits for;
 #   5. the worker's resident memory after start and after the runs;
 #   6. batch invariance: 32 seeded requests (temperature 1, top_k 50,
 #      support masks with logprobs) alone, then the same 32 among 224
@@ -50,6 +53,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
 steps=$OUT/steps.txt
 : > "$steps"
+slog=$OUT/steplog.txt
 shm=msv-engine-$$
 wpid=
 
@@ -59,7 +63,7 @@ start() {   # extra worker flags
         --precision "$PRECISION" "$@" \
         --shm "$shm" --max-num-seqs 256 --max-model-len 8448 \
         --kv-tokens 262144 --max-num-batched-tokens 8192 --ring-bytes 256M \
-        --seed 1 2> "$OUT/worker.log" &
+        --seed 1 --step-log "$slog" 2> "$OUT/worker.log" &
     wpid=$!
     for _ in $(seq 1 3000); do
         grep -q "ready: region" "$OUT/worker.log" && break
@@ -93,12 +97,15 @@ PY
 }
 
 run() {     # label n prompt_len max_tokens
-    local from
+    local from lfrom
     from=$(wc -l < "$steps")
+    lfrom=$(cat "$slog" 2>/dev/null | wc -l)
     reqs "$2" "$3" "$4" > "$OUT/req.jsonl"
     "$B/maskserve-cli" --shm "$shm" --requests "$OUT/req.jsonl" --summary \
         --timeout 300 > "$OUT/summary_$1.json"
+    sleep 0.3                   # the worker flushes its step log when idle
     tail -n +"$((from + 1))" "$steps" > "$OUT/steps_$1.txt"
+    tail -n +"$((lfrom + 1))" "$slog" > "$OUT/steplog_$1.txt"
     echo "$1: $(cat "$OUT/summary_$1.json")"
 }
 
@@ -229,6 +236,32 @@ for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib1", 1),
         m = lambda k: st.median(x[k] for x in d)
         print("%-6s %9.3f %9.3f %9.3f %9.3f" % (lab, m("norm_ms"),
               m("rope_ms"), m("silu_ms"), m("embed_ms")))
+print()
+print("%-6s %9s %9s %9s %9s %9s %9s   (worker step log, steady steps, "
+      "median us)" % ("batch", "step", "fwd", "sample", "ring", "host",
+                      "flush"))
+for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib1", 1),
+               ("ib64", 64), ("ib256", 256)):
+    path = os.path.join(out, f"steplog_{lab}.txt")
+    if not os.path.exists(path):
+        continue
+    d = []
+    for line in open(path):
+        f = line.split()
+        x = {f[i]: float(f[i + 1]) for i in range(0, len(f) - 1, 2)}
+        if x.get("decode") == b and x.get("prefill") == 0 \
+           and x.get("seqs") == b:
+            d.append(x)
+    if d:
+        m = lambda k: st.median(x[k] for x in d) / 1e3
+        print("%-6s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f" % (lab,
+              st.median((x["t1_ns"] - x["t0_ns"]) for x in d) / 1e3,
+              m("fwd_ns"), m("sample_ns"), m("ring_ns"), m("host_ns"),
+              m("flush_ns")))
+print("(step: the scheduler's step; fwd: the forward's launch and the wait "
+      "for its end, the flush (rows of the step before) running meanwhile; "
+      "sample: the device sampler's own time; ring + host: the host's work "
+      "after it, the device idle)")
 print()
 for lab in ("p256x128", "p1x8192"):
     r = [x for x in steps(lab) if x["tokens"] > x["seqs"]]

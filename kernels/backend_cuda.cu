@@ -181,6 +181,15 @@ struct msv_backend {
     int                       tm_n;
     uint64_t                  tm_step;
     uint64_t                  tm_last_out;
+    int                       tm_pend;         /* a forward's line waits */
+    uint32_t                  tm_p_seqs, tm_p_T, tm_p_ctx;
+    uint64_t                  tm_p_in, tm_p_launch;
+    int                       tm_p_graph;
+
+    /* a forward whose logits stay on the device returns once launched:
+     * b->stream has not been waited on since (the sampler's run, which
+     * the scheduler calls next on the same stream, waits on it) */
+    int                       unsynced;
 
     /* device allocations other than the weights (KV, workspaces) */
     struct msv_cuda_allocs    allocs;
@@ -1361,13 +1370,21 @@ msv_cuda_mark(struct msv_backend *b, int cat)
 }
 
 
-/* One line per forward: the batch, host and GPU times, the host gap
- * since the previous forward returned, and the breakdown. */
+/* One line per forward: the batch, host and GPU times, the gap and the
+ * breakdown.  gap_ms: from the end of the previous forward to this one's
+ * call (the sampler's run and the host's work between).  A forward that
+ * waited for the device (async 0) ends when its call returns, and its
+ * wall_ms is the call's time.  One that returned once launched (logits
+ * on the device: async 1) has its line written once its events are
+ * complete (after the sampler's run, or at the next forward or the end),
+ * ends at its call + gpu_ms, and its wall_ms is gpu_ms, the device's
+ * time for it. */
 static void
 msv_cuda_timing_line(struct msv_backend *b, uint32_t n_seqs, uint32_t T,
-    uint32_t max_ctx, uint64_t t_in, uint64_t t_launch, int graph)
+    uint32_t max_ctx, uint64_t t_in, uint64_t t_launch, int graph,
+    int async)
 {
-    double  cat[MSV_TM_CATS], gpu, ms;
+    double  cat[MSV_TM_CATS], gpu, ms, wall, gap;
     float   f;
     int     i;
     uint64_t  t_out;
@@ -1388,19 +1405,34 @@ msv_cuda_timing_line(struct msv_backend *b, uint32_t n_seqs, uint32_t T,
     cat[MSV_TM_OTHER] += cat[MSV_TM_NORM] + cat[MSV_TM_ROPE]
                          + cat[MSV_TM_SILU] + cat[MSV_TM_EMBED];
     ms = 1e-6;
+    wall = async ? gpu : (double) (t_out - t_in) * ms;
+    gap = b->tm_last_out != 0 && t_in > b->tm_last_out
+          ? (double) (t_in - b->tm_last_out) * ms : 0.0;
     fprintf(b->tm_file, "step %llu seqs %u tokens %u max_ctx %u graph %d "
             "detail %d "
             "gap_ms %.4f host_ms %.4f gpu_ms %.4f wall_ms %.4f "
             "gemm_ms %.4f attn_ms %.4f other_ms %.4f copy_ms %.4f "
             "norm_ms %.4f rope_ms %.4f silu_ms %.4f embed_ms %.4f\n",
             (unsigned long long) b->tm_step++, n_seqs, T, max_ctx, graph,
-            b->tm_on,
-            b->tm_last_out != 0 ? (double) (t_in - b->tm_last_out) * ms : 0.0,
-            (double) (t_launch - t_in) * ms, gpu,
-            (double) (t_out - t_in) * ms, cat[MSV_TM_GEMM], cat[MSV_TM_ATTN],
+            b->tm_on, gap, (double) (t_launch - t_in) * ms, gpu, wall,
+            cat[MSV_TM_GEMM], cat[MSV_TM_ATTN],
             cat[MSV_TM_OTHER], cat[MSV_TM_COPY], cat[MSV_TM_NORM],
             cat[MSV_TM_ROPE], cat[MSV_TM_SILU], cat[MSV_TM_EMBED]);
-    b->tm_last_out = msv_cuda_now_ns();
+    b->tm_last_out = async ? t_in + (uint64_t) (gpu * 1e6)
+                           : msv_cuda_now_ns();
+}
+
+
+/* The line of a forward that returned once launched, once the stream
+ * has been waited on. */
+static void
+msv_cuda_timing_flush(struct msv_backend *b)
+{
+    if (b->tm_pend) {
+        b->tm_pend = 0;
+        msv_cuda_timing_line(b, b->tm_p_seqs, b->tm_p_T, b->tm_p_ctx,
+                             b->tm_p_in, b->tm_p_launch, b->tm_p_graph, 1);
+    }
 }
 
 
@@ -1538,23 +1570,6 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
          * same bits as the product, then silu_mul_forward) */
         MSV_CUDA_TRY(gemv_silu_forward(&L->gate_up, b->act, n, b->gu,
                                        b->stream), err, errlen);
-        msv_cuda_mark(b, MSV_TM_GEMM);
-        if (linear_forward(b->cublas, b->pin, &L->down, b->gu, fd, n, b->x,
-                           1, b->tmp, b->stream, err, errlen) != 0)
-        {
-            return -1;
-        }
-        msv_cuda_mark(b, MSV_TM_GEMM);
-        return 0;
-    }
-    if (fd == MSV_ACT_BF16 && L->gate_up.rows == 2 * c->intermediate
-        && b->pin != NULL && gemv_fixed_silu_usable(b->pin, &L->gate_up, f, n))
-    {
-        /* batch invariant, 1 to 8 rows: the fixed-order GEMV with
-         * SiLU·up in its kernel, bf16 into b->gu (the bits of the pinned
-         * product then silu_mul_forward, as wider batches run it) */
-        MSV_CUDA_TRY(gemv_fixed_silu_forward(&L->gate_up, b->act, n, b->gu,
-                                             b->stream), err, errlen);
         msv_cuda_mark(b, MSV_TM_GEMM);
         if (linear_forward(b->cublas, b->pin, &L->down, b->gu, fd, n, b->x,
                            1, b->tmp, b->stream, err, errlen) != 0)
@@ -1771,6 +1786,22 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
     cudaError_t                     e;
 
     t_in = b->tm_file != NULL ? msv_cuda_now_ns() : 0;
+
+    /* the last forward, if nothing has waited for it: its host buffers
+     * (the batch description) are rewritten below */
+    if (b->unsynced) {
+        b->unsynced = 0;
+        e = cudaStreamSynchronize(b->stream);
+        if (e == cudaSuccess) {
+            e = cudaGetLastError();
+        }
+        if (e != cudaSuccess) {
+            b->tm_pend = 0;
+            return msv_cuda_fail(err, errlen, "forward (the last one)",
+                                 __FILE__, __LINE__, e);
+        }
+    }
+    msv_cuda_timing_flush(b);
 
     if (bt == NULL || bt->n_seqs == 0 || bt->seq == NULL
         || bt->n_new == NULL || bt->pos0 == NULL || bt->tokens == NULL
@@ -2002,6 +2033,25 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
         MSV_CUDA_TRY(cudaEventRecord(b->tm_end, b->stream), err, errlen);
     }
 
+    if (dev) {
+        /* the logits stay for the sampler, whose run comes next on this
+         * stream and waits for it: the host goes on with its own work
+         * (the last step's rows into the ring, this step's sampling
+         * rows) while the device computes; a fault shows at that wait */
+        MSV_CUDA_TRY(cudaGetLastError(), err, errlen);
+        b->unsynced = 1;
+        if (b->tm_file != NULL) {
+            b->tm_pend = 1;
+            b->tm_p_seqs = bt->n_seqs;
+            b->tm_p_T = T;
+            b->tm_p_ctx = max_ctx;
+            b->tm_p_in = t_in;
+            b->tm_p_launch = t_launch;
+            b->tm_p_graph = gx != NULL;
+        }
+        return 0;
+    }
+
     e = cudaStreamSynchronize(b->stream);
     if (e == cudaSuccess) {
         e = cudaGetLastError();
@@ -2012,7 +2062,7 @@ msv_cuda_forward(struct msv_backend *b, const struct msv_batch *bt,
 
     if (b->tm_file != NULL) {
         msv_cuda_timing_line(b, bt->n_seqs, T, max_ctx, t_in, t_launch,
-                             gx != NULL);
+                             gx != NULL, 0);
     }
     return 0;
 }
@@ -2030,6 +2080,9 @@ msv_cuda_destroy(struct msv_backend *b)
 
     if (b->stream != NULL) {
         cudaStreamSynchronize(b->stream);
+    }
+    if (b->tm_file != NULL) {
+        msv_cuda_timing_flush(b);
     }
     msv_cuda_drop_graphs(b);
     if (b->tm_file != NULL) {
@@ -2111,17 +2164,35 @@ static int
 msv_cuda_sample(struct msv_backend *b, const struct msv_sample_row *rows,
     uint32_t n, struct msv_sample_res *res, char *err, size_t errlen)
 {
+    int  rc;
+
     if (b->gs == NULL) {
         return msv_cuda_err(err, errlen, "cuda: sample before sample_init");
     }
-    return msv_gsampler_run(b->gs, b->dlogits, rows, n, res, err, errlen);
+    /* on b->stream, after the forward; with n > 0 it returns once the
+     * stream is done (a fault of the forward's shows here) */
+    rc = msv_gsampler_run(b->gs, b->dlogits, rows, n, res, err, errlen);
+    if (rc == 0 && n > 0) {
+        b->unsynced = 0;
+        msv_cuda_timing_flush(b);
+    }
+    return rc;
+}
+
+
+static float
+msv_cuda_sample_ms(struct msv_backend *b)
+{
+    return b->gs != NULL ? msv_gsampler_last_ms(b->gs, NULL) : 0.0f;
 }
 
 
 /*
  * The copies run on the sampler's copy stream, beside the next forward
- * on b->stream: forward ends with cudaStreamSynchronize(b->stream), which
- * does not wait for them.  Only a device-wide synchronization would: the
+ * on b->stream: the sampler's run after a forward ends with
+ * cudaStreamSynchronize(b->stream), as does a forward whose logits go to
+ * the host, and neither waits for them.  Only a device-wide
+ * synchronization would: the
  * cudaFree of scratch, the batch description or the sampler's upload
  * buffer when a step outgrows them (a few times after start), and the
  * old weights' after a weight update.  Those make a copy land early,
@@ -2268,6 +2339,7 @@ msv_cuda_make_ops(void)
     o.sample = msv_cuda_sample;
     o.sample_copy = msv_cuda_sample_copy;
     o.sample_wait = msv_cuda_sample_wait;
+    o.sample_ms = msv_cuda_sample_ms;
     o.stage_weights = msv_cuda_stage_weights;
     o.commit_weights = msv_cuda_commit_weights;
     o.drop_weights = msv_cuda_drop_weights;

@@ -110,19 +110,6 @@ gemv_fixed_forward(const struct msv_dmat *w, const void *act, uint32_t n,
 }
 
 
-/*
- * The SILU form's shape: stages of 128 columns, 4 of them (a stage 4 KB
- * of a warp's 16 weight rows, 2 KB of its activations), 4 warps a block:
- * 96 KB, two blocks an SM.
- */
-cudaError_t
-gemv_fixed_silu_forward(const struct msv_dmat *w, const void *act,
-    uint32_t n, void *out, cudaStream_t stream)
-{
-    return gemv_fixed_launch_form<128, 4, 4, true>(
-               (const __nv_bfloat16 *) w->p, (const __nv_bfloat16 *) act,
-               w->rows, w->cols, n, out, 0, stream);
-}
 
 
 /* ---- batch-invariant products: pinned cuBLASLt algorithms --------------- */
@@ -426,17 +413,6 @@ msv_inv_candidates(const struct msv_gemm_inv *inv, const struct msv_dmat *w,
 
 
 int
-gemv_fixed_silu_usable(const struct msv_gemm_inv *inv,
-    const struct msv_dmat *w, int fmt, uint32_t n)
-{
-    const struct msv_inv_plan  *p = msv_inv_find(inv, w);
-
-    return p != NULL && p->fixed && gemv_fixed_usable(w, fmt, n)
-           && w->rows % 2 == 0;
-}
-
-
-int
 gemm_inv_fixed_all(const struct msv_gemm_inv *inv)
 {
     int  i;
@@ -553,7 +529,7 @@ struct msv_inv_scratch {
     void          *act;                  /* [256][cols] */
     float         *out[MSV_INV_TN];      /* [msv_inv_time_n[k]][rows] */
     float         *fix;                  /* [MSV_GEMV_FIXED_MAX][rows] */
-    float         *cmp;                  /* [msv_inv_time_n[1]][rows] */
+    float         *cmp;                  /* [256][rows]: comparisons */
     uint4         *flush;                /* twice the L2 cache */
     size_t         flush_words;
     unsigned int  *dcount;
@@ -610,9 +586,9 @@ msv_inv_scratch_new(struct msv_inv_scratch *s, const struct msv_dmat *w,
     MSV_CUDA_TRY(cudaMalloc((void **) &s->fix, (size_t) MSV_GEMV_FIXED_MAX
                                                 * w->rows * sizeof(float)),
                  err, errlen);
-    MSV_CUDA_TRY(cudaMalloc((void **) &s->cmp, (size_t) msv_inv_time_n[1]
-                                                * w->rows * sizeof(float)),
-                 err, errlen);
+    MSV_CUDA_TRY(cudaMalloc((void **) &s->cmp,
+                            (size_t) msv_inv_time_n[MSV_INV_TN - 1] * w->rows
+                            * sizeof(float)), err, errlen);
     MSV_CUDA_TRY(cudaMalloc((void **) &s->dcount, sizeof(*s->dcount)),
                  err, errlen);
     for (k = 0; k < 2; k++) {
@@ -697,14 +673,13 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
     cublasLtMatmulAlgo_t     cand[MSV_INV_MAXC];
     float                    t[MSV_INV_MAXC][MSV_INV_TN], ref[MSV_INV_TN];
     float                    t_fix, t_fixm;
-    cudaError_t              silu_e;
     double                   score, best_score;
     unsigned int             differ;
     int                      n_cand, n_other, n_refused, n_fix;
     int                      ok[MSV_INV_MAXC], same_fix[MSV_INV_MAXC];
-    int                      c, k, pick, mid, rc, fixed, pass;
+    int                      c, k, pick, mid, big, rc, fixed, pass;
     struct msv_inv_scratch   s;
-    struct msv_inv_cfg       cfg, cfg_mid;
+    struct msv_inv_cfg       cfg, cfg_mid, cfg_big;
     struct msv_inv_plan     *p;
     char                     why[256], fix_note[160];
 
@@ -817,41 +792,41 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
             }
         }
     }
-    /* for 9 to MSV_INV_MID_MAX rows the fastest at n = 64 among the
-     * candidates with the fixed-order GEMV's bits: they sum in its order,
-     * so their bits are the pick's (checked on the whole n = 64 product);
-     * the minimax pick is a compromise over 64 and 256 (the gate/up
-     * shape: 1.25x the default at 64 to save 0.1 at 256) */
+    /* among the candidates with the fixed-order GEMV's bits (they sum in
+     * its order, so their bits are the pick's: checked on a whole product
+     * of each size) the fastest at n = 64 for 9 to MSV_INV_MID_MAX rows
+     * and the fastest at n = 256 past that: one algorithm for both sizes
+     * is a compromise (the gate/up shape: tile 208 0.051 ms at 64, 0.096
+     * at 256; tile 21 0.068 and 0.086, bench/results/engine.md) */
     mid = pick;
+    big = pick;
     for (c = 0; pick >= 0 && same_fix[pick] && c < n_cand; c++) {
         if (ok[c] && same_fix[c] && t[c][1] < t[mid][1]) {
             mid = c;
         }
+        if (ok[c] && same_fix[c] && t[c][2] < t[big][2]) {
+            big = c;
+        }
     }
-    if (mid != pick
-        && (msv_inv_run(inv, &cand[pick], w, s.act, msv_inv_time_n[1],
-                        s.out[1], 0, stream, err, errlen) != 0
-            || msv_inv_run(inv, &cand[mid], w, s.act, msv_inv_time_n[1],
-                           s.cmp, 0, stream, err, errlen) != 0
-            || msv_inv_differ(s.out[1], s.cmp,
-                              (size_t) msv_inv_time_n[1] * w->rows,
-                              s.dcount, &differ, stream, err, errlen) != 0))
-    {
-        goto done;
-    }
-    if (mid != pick && differ != 0) {
-        mid = pick;                   /* not the same bits: one algorithm */
-    }
+    for (k = 1; k < MSV_INV_TN; k++) {
+        int  *alt = k == 1 ? &mid : &big;
 
-    /* the SILU form's first launch, which sets its shared memory limit,
-     * before any capture (its output is not used) */
-    silu_e = fixed && w->rows % 2 == 0
-             ? gemv_fixed_silu_forward(w, s.act, 1, s.fix, stream)
-             : cudaSuccess;
-    if (silu_e != cudaSuccess) {
-        msv_cuda_fail(err, errlen, "gemv_fixed_silu_forward", __FILE__,
-                      __LINE__, silu_e);
-        goto done;
+        if (*alt == pick) {
+            continue;
+        }
+        if (msv_inv_run(inv, &cand[pick], w, s.act, msv_inv_time_n[k],
+                        s.out[k], 0, stream, err, errlen) != 0
+            || msv_inv_run(inv, &cand[*alt], w, s.act, msv_inv_time_n[k],
+                           s.cmp, 0, stream, err, errlen) != 0
+            || msv_inv_differ(s.out[k], s.cmp,
+                              (size_t) msv_inv_time_n[k] * w->rows,
+                              s.dcount, &differ, stream, err, errlen) != 0)
+        {
+            goto done;
+        }
+        if (differ != 0) {
+            *alt = pick;              /* not the same bits: the pick */
+        }
     }
 
     if (pick < 0) {
@@ -871,9 +846,11 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
     p->rows = w->rows;
     p->cols = w->cols;
     p->fixed = same_fix[pick];
-    p->algo = cand[pick];
+    p->algo = cand[big];
     p->algo_mid = cand[mid];
-    if (msv_inv_cfg_get(&cand[mid], &cfg_mid, err, errlen) != 0) {
+    if (msv_inv_cfg_get(&cand[mid], &cfg_mid, err, errlen) != 0
+        || msv_inv_cfg_get(&cand[big], &cfg_big, err, errlen) != 0)
+    {
         goto done;
     }
 
@@ -892,17 +869,20 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
     }
     snprintf(line, linelen, "batch invariant: %u x %u %s: cuBLASLt algo %d "
              "tile %u stages %u swizzle %u custom %u inner %u cluster %u "
-             "(best of %d, %d with other bits, %d refused); ms at n = 1, "
+             "(minimax of %d, %d with other bits, %d refused); ms at n = 1, "
              "64, 256: %.4f %.4f %.4f, default path %.4f %.4f %.4f (worst "
              "ratio %.2f); at n = %d to %d algo %d tile %u stages %u "
-             "cluster %u, %.4f ms at 64%s; %s",
+             "cluster %u, %.4f ms at 64%s; past %d algo %d tile %u stages "
+             "%u cluster %u, %.4f ms at 256%s; %s",
              w->rows, w->cols, msv_inv_dtype(w), cfg.id, cfg.tile,
              cfg.stages, cfg.swizzle, cfg.custom, cfg.inner, cfg.cluster,
              n_cand, n_other, n_refused, t[pick][0], t[pick][1], t[pick][2],
              ref[0], ref[1], ref[2], best_score,
              p->fixed ? MSV_GEMV_FIXED_MAX + 1 : 1, MSV_INV_MID_MAX,
              cfg_mid.id, cfg_mid.tile, cfg_mid.stages, cfg_mid.cluster,
-             t[mid][1], mid == pick ? " (the same)" : "", fix_note);
+             t[mid][1], mid == pick ? " (the pick)" : "", MSV_INV_MID_MAX,
+             cfg_big.id, cfg_big.tile, cfg_big.stages, cfg_big.cluster,
+             t[big][2], big == pick ? " (the pick)" : "", fix_note);
     rc = 0;
 
 done:

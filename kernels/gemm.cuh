@@ -49,9 +49,12 @@ struct msv_dmat {
  * Products of 1 to MSV_GEMV_FIXED_MAX rows of bf16 take the fixed-order
  * GEMV (gemv_fixed.cuh: tensor-core steps of 16 k in ascending order, as
  * such an algorithm sums) where gemm_inv_pin found a candidate whose bits
- * it reproduces: then the plan is that candidate, and the plan's fixed
- * flag is set; where none does, every size goes through the pinned
- * algorithm.
+ * it reproduces: then the plan's fixed flag is set, and every candidate
+ * with those bits sums in that one order, so the plan keeps two of them:
+ * the fastest at n = 64 for 9 to MSV_INV_MID_MAX rows and the fastest at
+ * n = 256 past that, each checked equal to the minimax pick on a whole
+ * product of that size.  Where no candidate has the GEMV's bits, every
+ * size goes through the one minimax pick.
  *
  * The workspace is fixed device memory: decode steps are captured as CUDA
  * graphs, which bake in its pointer; cublasLtMatmul on a stream with a
@@ -79,17 +82,6 @@ struct msv_gemm_inv {
     int                   n_plans;
 };
 
-/* Whether gemv_fixed_silu_forward takes the gate/up product w (gate
- * rows, then as many up rows) in the batch-invariant mode: inv's plan
- * for w has the fixed-order GEMV and gemv_fixed_usable takes it. */
-int gemv_fixed_silu_usable(const struct msv_gemm_inv *inv,
-    const struct msv_dmat *w, int fmt, uint32_t n);
-
-/* out bf16 [n][w->rows / 2] = silu(gate) * up: the fixed-order GEMV's
- * sums (the pinned algorithm's bits) through silu_mul_forward's formula
- * and rounding, in one kernel; 1 <= n <= MSV_GEMV_FIXED_MAX. */
-cudaError_t gemv_fixed_silu_forward(const struct msv_dmat *w,
-    const void *act, uint32_t n, void *out, cudaStream_t stream);
 
 /* Whether every plan of inv takes the fixed-order GEMV at 1 to
  * MSV_GEMV_FIXED_MAX rows (0 with no plans). */
@@ -109,10 +101,11 @@ void gemm_inv_free(struct msv_gemm_inv *inv);
  * activations, synchronous on stream), the one whose worst ratio to the
  * default path's time over those n is smallest kept.  Where the
  * fixed-order GEMV takes w (gemv_fixed_usable), the candidates whose
- * leading MSV_GEMV_FIXED_MAX rows are its bits come first and n = 1 is left out of their
- * ratio (the GEMV runs it).  line: one line naming the chosen config,
- * its times, the default path's, that ratio and the GEMV's use.  cublas
- * times the default path.  0, or -1 with err set.
+ * leading MSV_GEMV_FIXED_MAX rows are its bits come first and n = 1 is
+ * left out of their ratio (the GEMV runs it), and the plan's per-size
+ * picks come from them (above).  line: one line naming the chosen
+ * configs, their times, the default path's, that ratio and the GEMV's
+ * use.  cublas times the default path.  0, or -1 with err set.
  */
 int gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
     const struct msv_dmat *w, cudaStream_t stream, char *line,

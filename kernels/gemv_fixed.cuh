@@ -28,11 +28,11 @@
  * not written.
  *
  * The epilogue is cuBLAS's with alpha 1 and beta 0 or 1: the sum, or the
- * old value plus the sum, rounded once.  With SILU, w is a gate/up matrix
- * (gate rows, then as many up rows): a warp owns 8 gate rows and their 8
- * up rows (two chains, each in the order above), and writes silu(gate) *
- * up rounded to bf16 once, silu_mul_forward's formula: the bits of the
- * product then silu_mul_forward.
+ * old value plus the sum, rounded once.  SiLU·up stays a kernel of its
+ * own after the gate/up product: two forms with it in this kernel (a
+ * warp's 8 gate rows and their 8 up rows; 4 gate rows and their 4 up
+ * rows in one tile) ran the decode step at batch 1 slower than the
+ * product then silu_mul_forward (bench/results/engine.md).
  */
 
 #ifndef MSV_GEMV_FIXED_CUH
@@ -142,12 +142,12 @@ msv_gemv_fixed_chain(float acc[H][4],
     }
 }
 
-template <int KC, int S, int NW, bool SILU>
+template <int KC, int S, int NW>
 static __global__ void __launch_bounds__(NW * 32)
 gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
-    uint32_t rows, uint32_t cols, uint32_t n, void *out, int accumulate)
+    uint32_t rows, uint32_t cols, uint32_t n, float *out, int accumulate)
 {
-    constexpr int  H = SILU ? 2 : 1;      /* 8 weight rows a chain */
+    constexpr int  H = 1;                 /* 8 weight rows a chain */
     constexpr int  WPR = KC / 8;          /* 16-byte words of a row a stage */
     constexpr int  WW = 8 * H * WPR;      /* words of a stage: weights, */
     constexpr int  WX = 8 * WPR;          /* activations */
@@ -161,7 +161,7 @@ gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
     uint4                             *ring;
     uint32_t                           wdst[WPT], wkw[WPT], xdst[XPT];
     uint32_t                           xkw[XPT], lane, warp, r0, g, t, nst;
-    uint32_t                           s, outs;
+    uint32_t                           s;
     bool                               wuse[WPT], xuse[XPT];
     float                              acc[H][4];
 
@@ -171,9 +171,8 @@ gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
 
     lane = threadIdx.x & 31;
     warp = threadIdx.x >> 5;
-    outs = SILU ? rows / 2 : rows;        /* output columns */
     r0 = (blockIdx.x * NW + warp) * 8;
-    if (r0 >= outs) {
+    if (r0 >= rows) {
         return;
     }
     g = lane >> 2;
@@ -181,20 +180,11 @@ gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
     nst = MSV_CEIL_DIV(cols, (uint32_t) KC);
     ring = msv_gemv_fixed_ring + (size_t) warp * S * WS;
 
-    /* a slot: the warp's 8 weight rows, with SILU its 8 gate rows then
-     * their 8 up rows (rows past the last read as the last, not written),
-     * then 8 activation rows, those past n zeros written once and never
-     * requested */
-#pragma unroll
-    for (int h = 0; h < H; h++) {
-        msv_gemv_fixed_words<WPR, WPT / H>(wsrc + h * (WPT / H),
-                                           wdst + h * (WPT / H),
-                                           wkw + h * (WPT / H),
-                                           w + ((size_t) h * outs + r0)
-                                               * cols,
-                                           outs - 1 - r0, cols,
-                                           h * 8 * WPR, lane);
-    }
+    /* a slot: the warp's 8 weight rows (rows past the last read as the
+     * last, not written), then 8 activation rows, those past n zeros
+     * written once and never requested */
+    msv_gemv_fixed_words<WPR, WPT>(wsrc, wdst, wkw, w + (size_t) r0 * cols,
+                                   rows - 1 - r0, cols, 0, lane);
     msv_gemv_fixed_words<WPR, XPT>(xsrc, xdst, xkw, x, n - 1, cols, WW,
                                    lane);
 #pragma unroll
@@ -257,79 +247,56 @@ gemv_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
     }
     msv_cp_async_wait_all();
 
-    /* acc[h][0], acc[h][1]: activation row g, weight rows r0 + 2 t and
-     * + 1 of chain h (acc[h][2], acc[h][3]: rows g + 8, zeros) */
+    /* acc[0][0], acc[0][1]: activation row g, weight rows r0 + 2 t and
+     * + 1 (acc[0][2], acc[0][3]: rows g + 8, zeros) */
     if (g < n) {
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            uint32_t  r = r0 + 2 * t + e;
+            uint32_t   r = r0 + 2 * t + e;
+            float     *o = out + (size_t) g * rows + r;
 
-            if (r >= outs) {
-                continue;
-            }
-            if constexpr (SILU) {
-                float  gv = acc[0][e], uv = acc[1][e];
-
-                ((__nv_bfloat16 *) out)[(size_t) g * outs + r] =
-                    __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
-            } else {
-                float  *o = (float *) out + (size_t) g * outs + r;
-
+            if (r < rows) {
                 *o = accumulate ? *o + acc[0][e] : acc[0][e];
             }
         }
     }
 }
 
-/* Launch gemv_fixed_kernel<KC, S, NW, SILU> over every output of w
- * [rows][cols] (cols a multiple of 8, w and x 16-byte aligned; with SILU
- * rows even) for n activation rows, 1 <= n <= MSV_GEMV_FIXED_MAX: out
- * fp32 [n][rows], or with SILU bf16 [n][rows / 2].  The first launch
- * sets the kernel's shared memory limit, which a graph capture does not
- * take: it runs before any capture (gemm_inv_pin times it; gemm.cu runs
- * the SILU form there too). */
-template <int KC, int S, int NW, bool SILU>
-static inline cudaError_t
-gemv_fixed_launch_form(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
-    uint32_t rows, uint32_t cols, uint32_t n, void *out, int accumulate,
-    cudaStream_t stream)
-{
-    constexpr size_t  smem = (size_t) NW * S * ((SILU ? 16 : 8) + 8) * KC
-                             * sizeof(__nv_bfloat16);
-    static int        ready;
-    uint32_t          outs = SILU ? rows / 2 : rows;
-    dim3              grid(MSV_CEIL_DIV(MSV_CEIL_DIV(outs, 8u),
-                                        (uint32_t) NW));
-    cudaError_t       e;
-
-    static_assert(smem <= 227 * 1024, "a block's ring fits an SM");
-
-    if (n < 1 || n > MSV_GEMV_FIXED_MAX || (SILU && rows % 2 != 0)) {
-        return cudaErrorInvalidValue;
-    }
-    if (!ready) {
-        e = cudaFuncSetAttribute(
-                (const void *) gemv_fixed_kernel<KC, S, NW, SILU>,
-                cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
-        if (e != cudaSuccess) {
-            return e;
-        }
-        ready = 1;
-    }
-    return msv_launch(gemv_fixed_kernel<KC, S, NW, SILU>, grid,
-                      dim3(NW * 32), smem, stream, w, x, rows, cols, n, out,
-                      accumulate);
-}
-
-/* The plain form: out fp32 [n][rows] (+)= x . w^T. */
+/* Launch gemv_fixed_kernel<KC, S, NW> over every output of w
+ * [rows][cols] (cols a multiple of 8, w and x 16-byte aligned) for n
+ * activation rows, 1 <= n <= MSV_GEMV_FIXED_MAX: out fp32 [n][rows]
+ * (+)= x . w^T.  The first launch sets the kernel's shared memory limit,
+ * which a graph capture does not take: it runs before any capture
+ * (gemm_inv_pin times it). */
 template <int KC, int S, int NW>
 static inline cudaError_t
 gemv_fixed_launch(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
     uint32_t rows, uint32_t cols, uint32_t n, float *out, int accumulate,
     cudaStream_t stream)
 {
-    return gemv_fixed_launch_form<KC, S, NW, false>(w, x, rows, cols, n, out,
-                                                    accumulate, stream);
+    constexpr size_t  smem = (size_t) NW * S * (8 + 8) * KC
+                             * sizeof(__nv_bfloat16);
+    static int        ready;
+    dim3              grid(MSV_CEIL_DIV(MSV_CEIL_DIV(rows, 8u),
+                                        (uint32_t) NW));
+    cudaError_t       e;
+
+    static_assert(smem <= 227 * 1024, "a block's ring fits an SM");
+
+    if (n < 1 || n > MSV_GEMV_FIXED_MAX) {
+        return cudaErrorInvalidValue;
+    }
+    if (!ready) {
+        e = cudaFuncSetAttribute(
+                (const void *) gemv_fixed_kernel<KC, S, NW>,
+                cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
+        if (e != cudaSuccess) {
+            return e;
+        }
+        ready = 1;
+    }
+    return msv_launch(gemv_fixed_kernel<KC, S, NW>, grid, dim3(NW * 32),
+                      smem, stream, w, x, rows, cols, n, out, accumulate);
 }
 
 #endif /* MSV_GEMV_FIXED_CUH */

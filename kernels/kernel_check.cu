@@ -742,26 +742,17 @@ msv_check_linear_inv(struct msv_check_bufs *bufs, float *out, const void *w,
         oo = 0;
         so = 0;
         for (k = 0; k < n_runs && rc == 0; k++) {
-            if (silu && gemv_fixed_silu_usable(&inv, &m, fmt, n[k])) {
-                /* the backend's path at 1 to 8 rows */
-                e = gemv_fixed_silu_forward(&m, (const char *) dx + xo, n[k],
-                                            (char *) dsilu + so, stream);
+            /* the backend's path: the product, then SiLU·up */
+            rc = linear_forward(cublas, &inv, &m, (const char *) dx + xo,
+                                fmt, n[k], (float *) ((char *) dout + oo),
+                                accumulate, NULL, stream, err, errlen);
+            if (rc == 0 && silu) {
+                e = silu_mul_forward((char *) dsilu + so, MSV_ACT_BF16,
+                                     (char *) dout + oo, MSV_F32, n[k],
+                                     (uint32_t) half, stream);
                 rc = e == cudaSuccess ? 0
-                     : msv_cuda_fail(err, errlen, "gemv_fixed_silu_forward",
+                     : msv_cuda_fail(err, errlen, "silu_mul_forward",
                                      __FILE__, __LINE__, e);
-            } else {
-                rc = linear_forward(cublas, &inv, &m, (const char *) dx + xo,
-                                    fmt, n[k], (float *) ((char *) dout + oo),
-                                    accumulate, NULL, stream, err, errlen);
-                if (rc == 0 && silu) {
-                    /* wider: the product, then SiLU·up */
-                    e = silu_mul_forward((char *) dsilu + so, MSV_ACT_BF16,
-                                         (char *) dout + oo, MSV_F32, n[k],
-                                         (uint32_t) half, stream);
-                    rc = e == cudaSuccess ? 0
-                         : msv_cuda_fail(err, errlen, "silu_mul_forward",
-                                         __FILE__, __LINE__, e);
-                }
             }
             xo += MSV_CHECK_ALIGN((size_t) n[k] * cols * esz);
             oo += MSV_CHECK_ALIGN((size_t) n[k] * rows * sizeof(float));

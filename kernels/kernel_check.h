@@ -111,9 +111,8 @@ int msv_cuda_run_linear_bf16(uint16_t *out, const uint16_t *w,
  * MSV_CHECK_BF16: w and act are bf16 bits (uint16_t); MSV_CHECK_F32:
  * fp32.  out is read first when accumulate.  With silu (bf16, no
  * accumulate, rows even: w a gate/up matrix), each run is the backend's
- * SiLU·up instead: gemv_fixed_silu_forward where it takes the run, else
- * the product then silu_mul_forward, out_k [n[k]][rows / 2] the bf16
- * results as floats.  *fixed: whether the plan sends products of 1 to 8
+ * SiLU·up instead: the product then silu_mul_forward, out_k [n[k]][rows /
+ * 2] the bf16 results as floats.  *fixed: whether the plan sends products of 1 to 8
  * rows to the fixed-order GEMV; line: gemm_inv_pin's line.
  */
 int msv_cuda_run_linear_inv(float *out, const void *w, const void *act,

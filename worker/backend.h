@@ -132,6 +132,14 @@ struct msv_backend_ops {
         void **staged, char *err, size_t errlen);
     void (*commit_weights)(struct msv_backend *b, void *staged);
     void (*drop_weights)(struct msv_backend *b, void *staged);
+
+    /* Optional (NULL: unknown): the device's time, in ms, of the last
+     * sample() from the end of the forward before it to the end of its
+     * packing.  A forward whose logits stay on the device may return
+     * before the device has run it, and sample() then waits for it too:
+     * the step log (docs/SCHEDULER.md) counts that wait as the
+     * forward's. */
+    float (*sample_ms)(struct msv_backend *b);
 };
 
 extern const struct msv_backend_ops msv_backend_cpu;

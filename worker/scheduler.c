@@ -1339,8 +1339,20 @@ msv_sched_step(struct msv_sched *s)
     msv_sched_publish(s);
 
     if (s->step_log != NULL && nb > 0) {
+        uint64_t  fwd = t_f1 - t_f0, smp = t_s1 - t_x, dev;
+
+        /* a forward that returned once launched: the sampling call's
+         * wait for it is the forward's, the sampler's own device time
+         * the sampling's */
+        if (s->dev_sample && n_smp > 0 && s->ops->sample_ms != NULL) {
+            dev = (uint64_t) ((double) s->ops->sample_ms(s->be) * 1e6);
+            if (dev < smp) {
+                fwd += smp - dev;
+                smp = dev;
+            }
+        }
         msv_sched_log_step(s, t0, msv_now_ns(), nb, n_dec, ntok - n_dec,
-                           n_smp, t_f1 - t_f0, t_s1 - t_x, t_r1 - t_s1);
+                           n_smp, fwd, smp, t_r1 - t_s1);
     }
     if (s->step_log_dirty && s->n_active == 0) {
         /* idle: what was buffered goes out, for a reader of the file */

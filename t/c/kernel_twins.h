@@ -1143,8 +1143,8 @@ check_linear_invariant(void)
  * The batch-invariant SiLU·up, as the backend runs the MLP in that mode:
  * a gate/up weight [2 I][cols] (bf16), one probe activation row at a
  * different position in products of 1, 3 and 8 rows (the fixed-order
- * GEMV with SiLU·up in its kernel) and 9 and 64 (the pinned product, then
- * silu_mul_forward).  The probe's bf16 outputs must be the same bits in
+ * GEMV) and 9 and 64 (the pinned product), each then silu_mul_forward.
+ * The probe's bf16 outputs must be the same bits in
  * every product, and every output within 4e-3 (bf16 rounding) of
  * silu(gate) * up from double-precision products.
  */
