@@ -84,23 +84,24 @@ start
 echo "rss_start_kb $(awk '/VmRSS/ {print $2}' /proc/$wpid/status)" \
     | tee "$OUT/rss.txt"
 
-reqs() {    # n prompt_len max_tokens
-    python3 - "$1" "$2" "$3" <<'PY'
+reqs() {    # n prompt_len max_tokens [salt: prompts no earlier run had]
+    python3 - "$1" "$2" "$3" "${4:-0}" <<'PY'
 import json, sys
-n, plen, mt = map(int, sys.argv[1:])
+n, plen, mt, salt = map(int, sys.argv[1:])
 for i in range(n):
     print(json.dumps({"request_id": f"e{i}",
-        "token_ids": [(i * 7919 + j * 104729) % 151000 for j in range(plen)],
+        "token_ids": [(i * 7919 + j * 104729 + salt * 7) % 151000
+                      for j in range(plen)],
         "sampling_params": {"max_tokens": mt, "temperature": 0.0,
                             "ignore_eos": True}}))
 PY
 }
 
-run() {     # label n prompt_len max_tokens
+run() {     # label n prompt_len max_tokens [salt]
     local from lfrom
     from=$(wc -l < "$steps")
     lfrom=$(cat "$slog" 2>/dev/null | wc -l)
-    reqs "$2" "$3" "$4" > "$OUT/req.jsonl"
+    reqs "$2" "$3" "$4" "${5:-0}" > "$OUT/req.jsonl"
     "$B/maskserve-cli" --shm "$shm" --requests "$OUT/req.jsonl" --summary \
         --timeout 300 > "$OUT/summary_$1.json"
     sleep 0.3                   # the worker flushes its step log when idle
@@ -159,8 +160,10 @@ run warm 8 128 16
 has b1 && run b1 1 128 512
 has b64 && run b64 64 128 512
 has b256 && run b256 256 128 512
-has prefill && run p256x128 256 128 1
-has prefill && run p1x8192 1 8192 1
+# prefill: prompts of their own, so that no page comes from the prefix
+# cache (the decode runs' prompts are the same as each other's)
+has prefill && run p256x128 256 128 1 1
+has prefill && run p1x8192 1 8192 1 2
 echo "rss_end_kb $(awk '/VmRSS/ {print $2}' /proc/$wpid/status)" \
     | tee -a "$OUT/rss.txt"
 : > "$OUT/invariance.txt"
