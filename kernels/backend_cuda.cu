@@ -1037,7 +1037,7 @@ static int
 msv_cuda_pin(struct msv_backend *b, char *err, size_t errlen)
 {
     const struct msv_dmat  *m[5];
-    char                    line[512];
+    char                    line[1024];
     uint32_t                l;
     int                     i, n;
 

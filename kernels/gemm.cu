@@ -112,6 +112,33 @@ gemv_fixed_forward(const struct msv_dmat *w, const void *act, uint32_t n,
 
 
 
+int
+gemm_fixed_usable(const struct msv_dmat *w, int fmt, uint32_t n)
+{
+    return w->dtype == MSV_BF16 && fmt == MSV_ACT_BF16
+           && n > MSV_GEMV_FIXED_MAX && n <= MSV_GEMM_FIXED_MAX
+           && w->cols % 8 == 0 && (uintptr_t) w->p % 16 == 0;
+}
+
+
+/*
+ * The fixed-order GEMM's shape: stages of 128 columns, 4 of them, 4
+ * warps (32 weight rows) a block, one m tile (up to 16 activation rows):
+ * 48 KB a block.  Forms with 2, 4 and 8 m tiles a warp (up to 128 rows)
+ * had the bits but ran 1.2x-11x slower than the pinned algorithms at 32
+ * to 128 rows (bench/results/engine.md).
+ */
+cudaError_t
+gemm_fixed_forward(const struct msv_dmat *w, const void *act, uint32_t n,
+    float *out, int accumulate, cudaStream_t stream)
+{
+    return gemm_fixed_launch<128, 4, 4, 1>((const __nv_bfloat16 *) w->p,
+                                           (const __nv_bfloat16 *) act,
+                                           w->rows, w->cols, n, out,
+                                           accumulate, stream);
+}
+
+
 /* ---- batch-invariant products: pinned cuBLASLt algorithms --------------- */
 
 #define MSV_INV_CAND   8       /* heuristic results asked per batch size */
@@ -429,6 +456,7 @@ gemm_inv_fixed_all(const struct msv_gemm_inv *inv)
 /* The path msv_inv_time times when no algorithm is given. */
 #define MSV_INV_DEFAULT  0            /* the default path */
 #define MSV_INV_FIXED    1            /* the fixed-order GEMV */
+#define MSV_INV_GEMM     2            /* the fixed-order GEMM */
 
 /* Every word of p[0 .. words) read once: what the L2 cache held is
  * evicted for clean lines (the sink is never written in practice). */
@@ -485,6 +513,11 @@ msv_inv_time(const struct msv_gemm_inv *inv, cublasHandle_t cublas,
             e = gemv_fixed_forward(w, act, n, out, 0, stream);
             rc = e == cudaSuccess ? 0
                  : msv_cuda_fail(err, errlen, "gemv_fixed_forward",
+                                 __FILE__, __LINE__, e);
+        } else if (other == MSV_INV_GEMM) {
+            e = gemm_fixed_forward(w, act, n, out, 0, stream);
+            rc = e == cudaSuccess ? 0
+                 : msv_cuda_fail(err, errlen, "gemm_fixed_forward",
                                  __FILE__, __LINE__, e);
         } else {
             rc = linear_forward(cublas, NULL, w, act, fmt, n, out, 0, NULL,
@@ -681,7 +714,8 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
     struct msv_inv_scratch   s;
     struct msv_inv_cfg       cfg, cfg_mid, cfg_big;
     struct msv_inv_plan     *p;
-    char                     why[256], fix_note[160];
+    cudaError_t              e;
+    char                     why[256], fix_note[160], gemm_note[96];
 
     line[0] = '\0';
     if (msv_inv_find(inv, w) != NULL) {
@@ -854,6 +888,49 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
         goto done;
     }
 
+    /* the fixed-order GEMM against algo_mid at MSV_GEMM_FIXED_MAX rows:
+     * its bits on a whole product, then both timed; it takes 9 to
+     * MSV_GEMM_FIXED_MAX rows where it has the bits and is faster.  Its
+     * first launch, which sets its shared memory limit, comes before any
+     * capture. */
+    p->gemm = 0;
+    gemm_note[0] = '\0';
+    if (p->fixed && gemm_fixed_usable(w, MSV_ACT_BF16, MSV_GEMM_FIXED_MAX)) {
+        float  t_g, t_m;
+
+        if (msv_inv_run(inv, &cand[mid], w, s.act, MSV_GEMM_FIXED_MAX,
+                        s.out[MSV_INV_TN - 1], 0, stream, err, errlen) != 0)
+        {
+            goto done;
+        }
+        e = gemm_fixed_forward(w, s.act, MSV_GEMM_FIXED_MAX, s.cmp, 0,
+                               stream);
+        if (e != cudaSuccess) {
+            msv_cuda_fail(err, errlen, "gemm_fixed_forward", __FILE__,
+                          __LINE__, e);
+            goto done;
+        }
+        if (msv_inv_differ(s.out[MSV_INV_TN - 1], s.cmp,
+                           (size_t) MSV_GEMM_FIXED_MAX * w->rows, s.dcount,
+                           &differ, stream, err, errlen) != 0
+            || msv_inv_time(inv, cublas, &cand[mid], 0, w, s.act,
+                            MSV_GEMM_FIXED_MAX, s.out[MSV_INV_TN - 1],
+                            s.flush, s.flush_words, s.dcount, stream, s.ev,
+                            &t_m, err, errlen) != 0
+            || msv_inv_time(inv, NULL, NULL, MSV_INV_GEMM, w, s.act,
+                            MSV_GEMM_FIXED_MAX, s.cmp, s.flush,
+                            s.flush_words, s.dcount, stream, s.ev, &t_g,
+                            err, errlen) != 0)
+        {
+            goto done;
+        }
+        p->gemm = differ == 0 && t_g < t_m;
+        snprintf(gemm_note, sizeof(gemm_note), "; fixed-order GEMM at n = "
+                 "%d: %.4f ms against %.4f%s", MSV_GEMM_FIXED_MAX, t_g, t_m,
+                 differ != 0 ? " (other bits)" : p->gemm ? " (taken for "
+                 "9 to 16 rows)" : "");
+    }
+
     if (!fixed) {
         snprintf(fix_note, sizeof(fix_note), "fixed-order GEMV: not this "
                  "shape");
@@ -873,7 +950,7 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
              "64, 256: %.4f %.4f %.4f, default path %.4f %.4f %.4f (worst "
              "ratio %.2f); at n = %d to %d algo %d tile %u stages %u "
              "cluster %u, %.4f ms at 64%s; past %d algo %d tile %u stages "
-             "%u cluster %u, %.4f ms at 256%s; %s",
+             "%u cluster %u, %.4f ms at 256%s; %s%s",
              w->rows, w->cols, msv_inv_dtype(w), cfg.id, cfg.tile,
              cfg.stages, cfg.swizzle, cfg.custom, cfg.inner, cfg.cluster,
              n_cand, n_other, n_refused, t[pick][0], t[pick][1], t[pick][2],
@@ -882,7 +959,8 @@ gemm_inv_pin(struct msv_gemm_inv *inv, cublasHandle_t cublas,
              cfg_mid.id, cfg_mid.tile, cfg_mid.stages, cfg_mid.cluster,
              t[mid][1], mid == pick ? " (the pick)" : "", MSV_INV_MID_MAX,
              cfg_big.id, cfg_big.tile, cfg_big.stages, cfg_big.cluster,
-             t[big][2], big == pick ? " (the pick)" : "", fix_note);
+             t[big][2], big == pick ? " (the pick)" : "", fix_note,
+             gemm_note);
     rc = 0;
 
 done:
@@ -931,6 +1009,11 @@ linear_forward(cublasHandle_t cublas, const struct msv_gemm_inv *inv,
         }
         if (p->fixed && gemv_fixed_usable(w, fmt, n)) {
             MSV_CUDA_TRY(gemv_fixed_forward(w, act, n, out, accumulate,
+                                            stream), err, errlen);
+            return 0;
+        }
+        if (p->gemm && gemm_fixed_usable(w, fmt, n)) {
+            MSV_CUDA_TRY(gemm_fixed_forward(w, act, n, out, accumulate,
                                             stream), err, errlen);
             return 0;
         }

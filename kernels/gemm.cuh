@@ -25,6 +25,7 @@ struct msv_dmat {
 
 #define MSV_GEMV_MAX  8               /* batch rows of the GEMV path */
 #define MSV_GEMV_FIXED_MAX  8         /* of the fixed-order GEMV */
+#define MSV_GEMM_FIXED_MAX  16        /* of the fixed-order GEMM */
 
 /*
  * Batch-invariant products (MSV_CUDA_INVARIANT=1, --batch-invariant).
@@ -67,6 +68,10 @@ struct msv_inv_plan {
     uint32_t              rows;
     uint32_t              cols;
     int                   fixed;      /* small products by gemv_fixed */
+    int                   gemm;       /* with fixed: products of 9 to
+                                         MSV_GEMM_FIXED_MAX rows by
+                                         gemm_fixed, measured faster than
+                                         algo_mid at that size */
     cublasLtMatmulAlgo_t  algo;       /* past MSV_INV_MID_MAX rows */
     cublasLtMatmulAlgo_t  algo_mid;   /* up to MSV_INV_MID_MAX rows: the
                                          same bits as algo */
@@ -119,6 +124,16 @@ int gemv_usable(const struct msv_dmat *w, int fmt, uint32_t n,
 
 /* out[n][w->rows] (+)= act[n][w->cols] . w^T, bf16 act, n <= 8. */
 cudaError_t gemv_forward(const struct msv_dmat *w, const void *act,
+    uint32_t n, float *out, int accumulate, cudaStream_t stream);
+
+/* Whether gemm_fixed_forward takes the product of w with n activation
+ * rows of format fmt: bf16, MSV_GEMV_FIXED_MAX < n <= MSV_GEMM_FIXED_MAX,
+ * cols a multiple of 8, w 16-byte aligned. */
+int gemm_fixed_usable(const struct msv_dmat *w, int fmt, uint32_t n);
+
+/* out fp32 [n][w->rows] (+)= act [n][w->cols] . w^T in the fixed order
+ * (gemv_fixed.cuh: gemm_fixed_kernel), for gemm_fixed_usable's n. */
+cudaError_t gemm_fixed_forward(const struct msv_dmat *w, const void *act,
     uint32_t n, float *out, int accumulate, cudaStream_t stream);
 
 /* Whether gemv_fixed_forward takes the product: bf16 weights (16-byte

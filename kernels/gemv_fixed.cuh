@@ -299,4 +299,204 @@ gemv_fixed_launch(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
                       smem, stream, w, x, rows, cols, n, out, accumulate);
 }
 
+
+/*
+ * The fixed-order product at 9 to MSV_GEMM_FIXED_MAX rows: the same sums
+ * in the same order (each output over k in ascending steps of 16, one
+ * fp32 accumulator, mma.m16n8k16), where the pinned algorithms without
+ * split-K leave the GPU part idle (at n = 16 the 4096 x 12288 down
+ * product 0.0489 ms against 0.0550 pinned, lm_head 0.2946 against
+ * 0.3083; at 32 to 128 rows, with MT = 2 to 8, it was 1.2x to 11x slower
+ * than the pinned algorithms, bench/results/engine.md).  A block's NW
+ * warps each own
+ * 8 weight rows (the mma's B, as in the GEMV) and share the MT x 16
+ * activation rows (A: the whole m16 tile now, MT tiles), staged together
+ * through a ring of S stages of KC columns in shared memory, each row's
+ * words swizzled (word ^ (row & 7)) for ldmatrix; the block meets at two
+ * barriers a stage (the stage landed; its slot free again).  A warp's MT
+ * accumulators are MT independent chains, each in k order.  Activation
+ * rows past n are zeros written once, weight rows past rows read clamped
+ * and not written.  Used for a shape only where gemm_inv_pin found its
+ * bits equal to the pinned algorithm's and its time lower.
+ */
+template <int KC, int S, int NW, int MT>
+static __global__ void __launch_bounds__(NW * 32)
+gemm_fixed_kernel(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
+    uint32_t rows, uint32_t cols, uint32_t n, float *out, int accumulate)
+{
+    constexpr int  WPR = KC / 8;          /* 16-byte words of a row a stage */
+    constexpr int  WR = NW * 8;           /* weight rows of the block */
+    constexpr int  XR = MT * 16;          /* activation rows */
+    constexpr int  WS = (WR + XR) * WPR;  /* words of a stage */
+    constexpr int  WPT = 8 * WPR / 32;    /* lane's weight words a stage */
+    constexpr int  XPT = XR * WPR / (NW * 32);  /* thread's activation words */
+    extern __shared__ uint4  msv_gemm_fixed_ring[];
+
+    const __nv_bfloat16  *wsrc[WPT], *xsrc[XPT];
+    uint32_t              wdst[WPT], wkw[WPT], xdst[XPT], xkw[XPT];
+    bool                  wuse[WPT], xuse[XPT];
+    uint32_t              lane, warp, r0, g, t, nst, s, tid;
+    float                 acc[MT][4];
+
+    static_assert(KC % 64 == 0, "a row of a stage is a multiple of 8 words");
+    static_assert(S >= 2, "a stage in use, one landing");
+    static_assert(XR * WPR % (NW * 32) == 0, "the activation words split "
+                  "evenly over the block");
+
+    tid = threadIdx.x;
+    lane = tid & 31;
+    warp = tid >> 5;
+    r0 = (blockIdx.x * NW + warp) * 8;    /* this warp's weight rows */
+    g = lane >> 2;
+    t = lane & 3;
+    nst = MSV_CEIL_DIV(cols, (uint32_t) KC);
+
+    /* the warp's 8 weight rows at rows warp * 8 .. of a slot (a warp past
+     * the last row reads the last one and writes nothing), then the
+     * activation rows, those past n zeros written once */
+    msv_gemv_fixed_words<WPR, WPT>(wsrc, wdst, wkw, w + (size_t) min(r0,
+                                   rows - 1) * cols,
+                                   r0 < rows ? rows - 1 - r0 : 0, cols,
+                                   warp * 8 * WPR, lane);
+#pragma unroll
+    for (int j = 0; j < WPT; j++) {
+        wuse[j] = true;
+    }
+#pragma unroll
+    for (int j = 0; j < XPT; j++) {
+        uint32_t  i = tid + NW * 32 * j;
+        uint32_t  row = i / WPR, word = i % WPR;
+
+        xsrc[j] = x + (size_t) min(row, n - 1) * cols + word * 8;
+        xdst[j] = WR * WPR + row * WPR + (word ^ (row & 7));
+        xkw[j] = word * 8;
+        xuse[j] = row < n;
+        if (!xuse[j]) {
+            for (s = 0; s < S; s++) {
+                msv_gemm_fixed_ring[s * WS + xdst[j]] = make_uint4(0, 0, 0,
+                                                                   0);
+            }
+        }
+    }
+
+    for (s = 0; s < S - 1; s++) {
+        if (s < nst) {
+            msv_gemv_fixed_issue<KC, S, WS, WPT>(msv_gemm_fixed_ring, wsrc,
+                                                 wdst, wkw, wuse, w, cols, s);
+        }
+    }
+    msv_grid_wait();
+    msv_grid_release();
+    for (s = 0; s < S - 1; s++) {
+        if (s < nst) {
+            msv_gemv_fixed_issue<KC, S, WS, XPT>(msv_gemm_fixed_ring, xsrc,
+                                                 xdst, xkw, xuse, w, cols, s);
+        }
+        msv_cp_async_commit();
+    }
+
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
+    }
+    for (s = 0; s < nst; s++) {
+        const uint4  *slot;
+
+        /* every thread is done with the slot stage s + S - 1 goes into
+         * (stage s - 1's) */
+        __syncthreads();
+        if (s + S - 1 < nst) {
+            msv_gemv_fixed_issue<KC, S, WS, WPT>(msv_gemm_fixed_ring, wsrc,
+                                                 wdst, wkw, wuse, w, cols,
+                                                 s + S - 1);
+            msv_gemv_fixed_issue<KC, S, WS, XPT>(msv_gemm_fixed_ring, xsrc,
+                                                 xdst, xkw, xuse, w, cols,
+                                                 s + S - 1);
+        }
+        msv_cp_async_commit();
+        msv_cp_async_wait_newest<S - 1>();
+        __syncthreads();                  /* stage s landed, every copy */
+        slot = msv_gemm_fixed_ring + (s % S) * WS;
+
+#pragma unroll
+        for (int c = 0; c < KC / 16; c += 2) {
+            uint32_t  b[4], a[4];
+
+            /* B of k steps c and c + 1: rows 0..7 of words 2c .. 2c + 3
+             * of the warp's weight rows */
+            msv_ldmatrix_x4(b, slot + (warp * 8 + (lane & 7)) * WPR
+                               + ((c * 2 + (lane >> 3)) ^ (lane & 7)));
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (s * KC + 16 * (c + h) >= cols) {
+                    continue;
+                }
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    /* A of m tile m, k step c + h: rows 0-7 / 8-15 of
+                     * words 2 (c + h) and + 1 */
+                    uint32_t  row = m * 16 + (lane & 15);
+
+                    msv_ldmatrix_x4(a, slot + WR * WPR + row * WPR
+                                       + ((2 * (c + h) + (lane >> 4))
+                                          ^ (row & 7)));
+                    msv_mma_bf16(acc[m], a, b[2 * h], b[2 * h + 1]);
+                }
+            }
+        }
+    }
+    msv_cp_async_wait_all();
+
+    /* acc[m][0..1]: activation row m * 16 + g, weight rows r0 + 2 t, + 1;
+     * acc[m][2..3]: activation row m * 16 + g + 8 */
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            uint32_t  ar = m * 16 + g + (e >> 1) * 8;
+            uint32_t  r = r0 + 2 * t + (e & 1);
+            float    *o = out + (size_t) ar * rows + r;
+
+            if (ar < n && r < rows) {
+                *o = accumulate ? *o + acc[m][e] : acc[m][e];
+            }
+        }
+    }
+}
+
+/* Launch gemm_fixed_kernel<KC, S, NW, MT> over every output of w for n
+ * activation rows, 1 <= n <= 16 MT (w, x as gemv_fixed_launch wants).
+ * The first launch sets the shared memory limit: gemm_inv_pin runs it
+ * before any capture. */
+template <int KC, int S, int NW, int MT>
+static inline cudaError_t
+gemm_fixed_launch(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
+    uint32_t rows, uint32_t cols, uint32_t n, float *out, int accumulate,
+    cudaStream_t stream)
+{
+    constexpr size_t  smem = (size_t) S * (NW * 8 + MT * 16) * KC
+                             * sizeof(__nv_bfloat16);
+    static int        ready;
+    dim3              grid(MSV_CEIL_DIV(MSV_CEIL_DIV(rows, 8u),
+                                        (uint32_t) NW));
+    cudaError_t       e;
+
+    static_assert(smem <= 227 * 1024, "a block's ring fits an SM");
+
+    if (n < 1 || n > 16 * MT) {
+        return cudaErrorInvalidValue;
+    }
+    if (!ready) {
+        e = cudaFuncSetAttribute(
+                (const void *) gemm_fixed_kernel<KC, S, NW, MT>,
+                cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem);
+        if (e != cudaSuccess) {
+            return e;
+        }
+        ready = 1;
+    }
+    return msv_launch(gemm_fixed_kernel<KC, S, NW, MT>, grid, dim3(NW * 32),
+                      smem, stream, w, x, rows, cols, n, out, accumulate);
+}
+
 #endif /* MSV_GEMV_FIXED_CUH */

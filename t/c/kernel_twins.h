@@ -1020,7 +1020,7 @@ check_linear_invariant(void)
         { 96, 64, MSV_CHECK_F32, 0 }, { 200, 136, MSV_CHECK_F32, 1 },
     };
     enum { RUNS = sizeof(sizes) / sizeof(sizes[0]) };
-    char        err[512], line[640];
+    char        err[512], line[1024];
     void       *w, *x;
     float      *wv, *xv, *pv, *old, *out, *ref;
     double      sum;
@@ -1157,7 +1157,7 @@ check_linear_invariant_silu(void)
         { 200, 136 }, { 2048, 1000 }, { 1024, 4096 },
     };
     enum { RUNS = sizeof(sizes) / sizeof(sizes[0]) };
-    char        err[512], line[640];
+    char        err[512], line[1024];
     uint16_t   *w, *x;
     float      *wv, *xv, *pv, *out, *ref;
     double      g, u;
