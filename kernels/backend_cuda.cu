@@ -2298,8 +2298,9 @@ msv_cuda_commit_weights(struct msv_backend *b, void *staged)
 {
     struct msv_cuda_wset  *ws = (struct msv_cuda_wset *) staged;
 
-    /* forward returns synchronized, but device sampling of the last step
-     * may still be queued: nothing may read the old copy once freed */
+    /* the last forward (which returns once launched when the device
+     * sampler takes its logits) or its sampling may still be queued:
+     * nothing may read the old copy once freed */
     if (cudaStreamSynchronize(b->stream) != cudaSuccess) {
         (void) cudaGetLastError();
     }
