@@ -419,7 +419,8 @@ msv_f32_decimal(float v, uint32_t *digits, int *exp10)
 }
 
 
-#define MSV_F32_ROOM   24   /* bytes msv_f32_text may store (22 used) */
+/* bytes msv_f32_text may store (22 used) */
+#define MSV_F32_ROOM   MSV_F32_ARRAY_STORE
 
 /*
  * The digits of d (0 < d < 10^9) left-aligned to nine, as msv_f32_text
@@ -917,14 +918,6 @@ msv_json_vector(uint32_t n)
 /* ------------------------------------------------------------------ */
 /* Arrays                                                               */
 
-size_t
-msv_json_ids_max(uint32_t n)
-{
-    /* each id and its ',' or ']' */
-    return 2 + (size_t) n * (MSV_I32_MAX_CHARS + 1);
-}
-
-
 char *
 msv_json_ids(char *p, const int32_t *ids, uint32_t n)
 {
@@ -981,17 +974,6 @@ msv_json_ids_part(char *p, const int32_t *ids, uint32_t n)
     }
 
     return p;
-}
-
-
-size_t
-msv_json_f32s_max(uint32_t n)
-{
-    /*
-     * each float's text and separator fit in 16 bytes; the last one
-     * stores up to MSV_F32_ROOM past its start
-     */
-    return (size_t) n * MSV_F32_MAX_CHARS + MSV_F32_ROOM;
 }
 
 

@@ -40,6 +40,8 @@
 #define MSV_U64_MAX_CHARS   20   /* "18446744073709551615" */
 #define MSV_I64_MAX_CHARS   20   /* "-9223372036854775808" */
 #define MSV_F32_MAX_CHARS   16   /* bytes stored; the text is <= 15 */
+#define MSV_F32_ARRAY_STORE 24   /* the array writers: bytes stored past
+                                    the start of a float's text */
 
 
 /* Scalars.  Each stores at most its MAX_CHARS bytes at p. */
@@ -72,11 +74,28 @@ extern const uint64_t
 /*
  * Arrays: "[1,5,9]", "[-0.1,-2.5]", "[]" for n == 0.  The _max functions
  * give the bytes the writer may store for n items, which bounds the text
- * length too; size the output buffer with them.
+ * length too; size the output buffer with them (inline: a caller checks
+ * them before every short row).
  */
-size_t msv_json_ids_max(uint32_t n);
+static inline size_t
+msv_json_ids_max(uint32_t n)
+{
+    /* each id and its ',' or ']' */
+    return 2 + (size_t) n * (MSV_I32_MAX_CHARS + 1);
+}
+
 char *msv_json_ids(char *p, const int32_t *ids, uint32_t n);
-size_t msv_json_f32s_max(uint32_t n);
+
+static inline size_t
+msv_json_f32s_max(uint32_t n)
+{
+    /*
+     * each float's text and separator fit in 16 bytes; the last one
+     * stores up to MSV_F32_ARRAY_STORE past its start
+     */
+    return (size_t) n * MSV_F32_MAX_CHARS + MSV_F32_ARRAY_STORE;
+}
+
 char *msv_json_f32s(char *p, const float *v, uint32_t n);
 
 /*

@@ -128,6 +128,9 @@ static ngx_int_t ngx_http_maskserve_sec_text(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const char *s, size_t n);
 static ngx_int_t ngx_http_maskserve_sec_array(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const void *v, uint32_t n, ngx_uint_t f32);
+static ngx_inline ngx_int_t ngx_http_maskserve_sec_row(
+    ngx_http_maskserve_ctx_t *ctx, ngx_http_maskserve_sec_t *sec,
+    const void *v, uint32_t n, ngx_uint_t f32);
 static ngx_int_t ngx_http_maskserve_sec_top(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec, const struct msv_row *w);
 static ngx_int_t ngx_http_maskserve_row_mask(ngx_http_maskserve_ctx_t *ctx,
@@ -478,14 +481,8 @@ static ngx_int_t
 ngx_http_maskserve_ids_json(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_choice_t *ch, const struct msv_row *w)
 {
-    if (ch->mask.count++) {
-        if (ngx_http_maskserve_sec_text(ctx, &ch->mask, ",", 1) != NGX_OK) {
-            return NGX_ERROR;
-        }
-    }
-
-    return ngx_http_maskserve_sec_array(ctx, &ch->mask, msv_row_ids(w),
-                                        w->n_support, 0);
+    return ngx_http_maskserve_sec_row(ctx, &ch->mask, msv_row_ids(w),
+                                      w->n_support, 0);
 }
 
 
@@ -497,27 +494,27 @@ ngx_http_maskserve_lps_json(ngx_http_maskserve_ctx_t *ctx,
 {
     char  *p;
 
+    if (ctx->mode != MSV_MASK_SELECTED) {
+        return ngx_http_maskserve_sec_row(ctx, &ch->mlps, msv_row_lps(w),
+                                          w->n_lps, 1);
+    }
+
     if (ch->mlps.count++) {
         if (ngx_http_maskserve_sec_text(ctx, &ch->mlps, ",", 1) != NGX_OK) {
             return NGX_ERROR;
         }
     }
 
-    if (ctx->mode == MSV_MASK_SELECTED) {
-        if (ngx_http_maskserve_room(ctx, &ch->mlps, MSV_F32_ROOM) != NGX_OK) {
-            return NGX_ERROR;
-        }
-
-        p = msv_fmt_f32((char *) ch->mlps.buf->last, msv_row_lps(w)[0]);
-        ch->mlps.bytes += p - (char *) ch->mlps.buf->last;
-        ctx->pending += p - (char *) ch->mlps.buf->last;
-        ch->mlps.buf->last = (u_char *) p;
-
-        return NGX_OK;
+    if (ngx_http_maskserve_room(ctx, &ch->mlps, MSV_F32_ROOM) != NGX_OK) {
+        return NGX_ERROR;
     }
 
-    return ngx_http_maskserve_sec_array(ctx, &ch->mlps, msv_row_lps(w),
-                                        w->n_lps, 1);
+    p = msv_fmt_f32((char *) ch->mlps.buf->last, msv_row_lps(w)[0]);
+    ch->mlps.bytes += p - (char *) ch->mlps.buf->last;
+    ctx->pending += p - (char *) ch->mlps.buf->last;
+    ch->mlps.buf->last = (u_char *) p;
+
+    return NGX_OK;
 }
 
 
@@ -1232,6 +1229,54 @@ ngx_http_maskserve_sec_text(ngx_http_maskserve_ctx_t *ctx,
     sec->buf->last = ngx_cpymem(sec->buf->last, s, n);
     sec->bytes += n;
     ctx->pending += n;
+
+    return NGX_OK;
+}
+
+
+/*
+ * A row's array in a section of rows, after a ',' unless it is the
+ * section's first: when msv_json's bound for the whole of it fits in the
+ * buffer at hand (all but the rows that reach a buffer's end), one check,
+ * the section's words read once and written once, and msv_json writes
+ * the brackets; else piece by piece (sec_array).  This runs inside the
+ * format counters' intervals, where a short row's fixed cost weighs
+ * against its few numbers.
+ */
+
+static ngx_inline ngx_int_t
+ngx_http_maskserve_sec_row(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec, const void *v, uint32_t n, ngx_uint_t f32)
+{
+    char       *p, *start;
+    size_t      max;
+    ngx_buf_t  *b;
+
+    b = sec->buf;
+    max = 1 + (f32 ? msv_json_f32s_max(n) : msv_json_ids_max(n));
+
+    if (b == NULL || (size_t) (b->end - b->last) < max) {
+        if (sec->count++
+            && ngx_http_maskserve_sec_text(ctx, sec, ",", 1) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        return ngx_http_maskserve_sec_array(ctx, sec, v, n, f32);
+    }
+
+    start = (char *) b->last;
+    p = start;
+
+    if (sec->count++) {
+        *p++ = ',';
+    }
+
+    p = f32 ? msv_json_f32s(p, v, n) : msv_json_ids(p, v, n);
+
+    b->last = (u_char *) p;
+    sec->bytes += p - start;
+    ctx->pending += p - start;
 
     return NGX_OK;
 }
