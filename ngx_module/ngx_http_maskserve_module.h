@@ -141,8 +141,12 @@ typedef struct {
     msv_b64_t                      b64;      /* packed: the open group */
     uint32_t                       rest;     /* held by a stream event:
                                                 where in buf the next rows
-                                                go; 0: not held */
+                                                go; 0: not held; RENEW:
+                                                a new buffer once it is
+                                                sent */
 } ngx_http_maskserve_sec_t;
+
+#define NGX_HTTP_MASKSERVE_RENEW  ((uint32_t) -1)
 
 
 /*

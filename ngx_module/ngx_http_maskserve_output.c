@@ -161,6 +161,8 @@ static void ngx_http_maskserve_sec_hold(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec);
 static void ngx_http_maskserve_sec_resume(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_t *sec);
+static void ngx_http_maskserve_sec_renew(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec);
 static ngx_uint_t ngx_http_maskserve_choice_pending(
     ngx_http_maskserve_choice_t *ch);
 static ngx_int_t ngx_http_maskserve_compose_choice(
@@ -1476,9 +1478,14 @@ ngx_http_maskserve_choice_reset(ngx_http_maskserve_ctx_t *ctx,
  * The event holds the buffer until it is sent: hold notes where the rest
  * starts (past the event's glue, written there too), and
  * ngx_http_maskserve_output_sent, right after the send, resumes the
- * section there; a section does not take a row in between.  A section
- * the event left out (nothing new in it) keeps what it has: a buffer
- * resumed earlier and still empty, or none.
+ * section there; a section does not take a row in between.  With less
+ * than that left, the section takes a new buffer right after the send
+ * instead (NGX_HTTP_MASKSERVE_RENEW): while the free lists' links and
+ * buffers are still in the CPU's cache from ngx_chain_update_chains, and
+ * so that the next row finds a buffer for the row hint to prefetch,
+ * rather than taking one from cold lists in the middle of its numbers.
+ * A section the event left out (nothing new in it) keeps what it has: a
+ * buffer resumed or renewed earlier and still empty, or none.
  */
 
 static void
@@ -1498,6 +1505,8 @@ ngx_http_maskserve_sec_hold(ngx_http_maskserve_ctx_t *ctx,
     ngx_http_maskserve_sec_reset(ctx, sec);
 
     if ((size_t) (b->end - b->last) < NGX_HTTP_MASKSERVE_SMALL) {
+        sec->rest = NGX_HTTP_MASKSERVE_RENEW;
+        ctx->carry = 1;
         return;
     }
 
@@ -1512,12 +1521,13 @@ ngx_http_maskserve_sec_hold(ngx_http_maskserve_ctx_t *ctx,
 void
 ngx_http_maskserve_output_sent(ngx_http_maskserve_ctx_t *ctx)
 {
-    ngx_uint_t                    i, k;
+    ngx_uint_t                    i, k, renew;
     ngx_http_maskserve_sec_t     *sec;
     ngx_http_maskserve_choice_t  *ch;
 
     if (ctx->carry) {
         ctx->carry = 0;
+        renew = 0;
 
         for (i = 0; i < ctx->n_choices; i++) {
             ch = &ctx->choices[i];
@@ -1525,14 +1535,58 @@ ngx_http_maskserve_output_sent(ngx_http_maskserve_ctx_t *ctx)
             for (k = 0; k < ngx_http_maskserve_nsec(ctx); k++) {
                 sec = ngx_http_maskserve_sec(ch, k);
 
-                if (sec->rest) {
+                if (sec->rest == NGX_HTTP_MASKSERVE_RENEW) {
+                    renew = 1;
+
+                } else if (sec->rest) {
                     ngx_http_maskserve_sec_resume(ctx, sec);
+                }
+            }
+        }
+
+        /*
+         * After every resume: resume finds a buffer sent at once in
+         * ctx->free, which taking a new buffer sorts onto the size lists
+         */
+        for (i = 0; renew && i < ctx->n_choices; i++) {
+            ch = &ctx->choices[i];
+
+            for (k = 0; k < ngx_http_maskserve_nsec(ctx); k++) {
+                sec = ngx_http_maskserve_sec(ch, k);
+
+                if (sec->rest == NGX_HTTP_MASKSERVE_RENEW) {
+                    ngx_http_maskserve_sec_renew(ctx, sec);
                 }
             }
         }
     }
 
     ngx_http_maskserve_recycle(ctx);
+}
+
+
+/*
+ * A section whose last buffer the event took whole starts its next row
+ * in a new one, taken now.  Without memory for it, the next row asks
+ * again (ngx_http_maskserve_room) and fails there.
+ */
+
+static void
+ngx_http_maskserve_sec_renew(ngx_http_maskserve_ctx_t *ctx,
+    ngx_http_maskserve_sec_t *sec)
+{
+    ngx_chain_t  *cl;
+
+    sec->rest = 0;
+
+    cl = ngx_http_maskserve_get_buf(ctx, ctx->buf_size);
+    if (cl == NULL) {
+        return;
+    }
+
+    sec->first = cl;
+    sec->last = &cl->next;
+    sec->buf = cl->buf;
 }
 
 
