@@ -100,8 +100,9 @@ MAX_BATCHED=${MAX_BATCHED:-8192}
 # the worker's default mode, as users run it for throughput; with
 # WORKER_ARGS=--batch-invariant the client also requires request i to
 # return the same tokens in every mode of its row (the CUDA backend
-# guarantees that only in that mode, which costs +16% a step at batch 256:
-# bench/results/engine.md); otherwise the differences are counted and
+# guarantees that only in that mode, which costs +0.5-2% a step at batch
+# 256, +7% at 64, +12% at 1: bench/results/engine.md); otherwise the
+# differences are counted and
 # reported (e2e_load --same-tokens 0)
 WORKER_ARGS=${WORKER_ARGS:-}
 case " $WORKER_ARGS " in
