@@ -94,7 +94,10 @@ struct msv_backend_ops {
      * DMA.  0, or -1 with err set.
      *
      * After forward(..., logits = NULL, ...) the logits stay on the
-     * device; sample() draws the rows (their params already validated),
+     * device, and forward may return before the device has run it: its
+     * host-side inputs are copied, and a fault of it is reported by the
+     * sample() or forward() that next waits for the device.  sample()
+     * draws the rows (their params already validated),
      * captures what each asked for and packs each row in the ring's row
      * format (struct msv_row + payload, finish 0) at its realized size,
      * rows back to back on the device; it returns once res has each
