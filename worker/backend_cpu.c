@@ -167,7 +167,8 @@ const struct msv_backend_ops  msv_backend_cpu = {
     NULL,
     msv_cpu_stage_weights,
     msv_cpu_commit_weights,
-    msv_cpu_drop_weights
+    msv_cpu_drop_weights,
+    NULL                        /* sample_ms: no device sampler */
 };
 
 

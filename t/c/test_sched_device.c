@@ -274,6 +274,7 @@ static const struct msv_backend_ops  fake_ops = {
     fake_sample_wait,
     NULL,
     NULL,
+    NULL,
     NULL
 };
 
