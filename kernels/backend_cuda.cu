@@ -2192,8 +2192,8 @@ msv_cuda_sample_ms(struct msv_backend *b)
  * on b->stream: the sampler's run after a forward ends with
  * cudaStreamSynchronize(b->stream), as does a forward whose logits go to
  * the host, and neither waits for them.  Only a device-wide
- * synchronization would: the
- * cudaFree of scratch, the batch description or the sampler's upload
+ * synchronization would: the cudaFree of scratch, the batch description
+ * or the sampler's upload
  * buffer when a step outgrows them (a few times after start), and the
  * old weights' after a weight update.  Those make a copy land early,
  * which is still correct.

@@ -110,8 +110,6 @@ gemv_fixed_forward(const struct msv_dmat *w, const void *act, uint32_t n,
 }
 
 
-
-
 int
 gemm_fixed_usable(const struct msv_dmat *w, int fmt, uint32_t n)
 {

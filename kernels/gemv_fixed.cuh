@@ -308,9 +308,9 @@ gemv_fixed_launch(const __nv_bfloat16 *w, const __nv_bfloat16 *x,
  * product 0.0489 ms against 0.0550 pinned, lm_head 0.2946 against
  * 0.3083; at 32 to 128 rows, with MT = 2 to 8, it was 1.2x to 11x slower
  * than the pinned algorithms, bench/results/engine.md).  A block's NW
- * warps each own
- * 8 weight rows (the mma's B, as in the GEMV) and share the MT x 16
- * activation rows (A: the whole m16 tile now, MT tiles), staged together
+ * warps each own 8 weight rows (the mma's B, as in the GEMV) and share
+ * the MT x 16 activation rows (A: the whole m16 tile now, MT tiles),
+ * staged together
  * through a ring of S stages of KC columns in shared memory, each row's
  * words swizzled (word ^ (row & 7)) for ldmatrix; the block meets at two
  * barriers a stage (the stage landed; its slot free again).  A warp's MT

@@ -1144,9 +1144,9 @@ check_linear_invariant(void)
  * a gate/up weight [2 I][cols] (bf16), one probe activation row at a
  * different position in products of 1, 3 and 8 rows (the fixed-order
  * GEMV) and 9 and 64 (the pinned product), each then silu_mul_forward.
- * The probe's bf16 outputs must be the same bits in
- * every product, and every output within 4e-3 (bf16 rounding) of
- * silu(gate) * up from double-precision products.
+ * The probe's bf16 outputs must be the same bits in every product, and
+ * every output within 4e-3 (bf16 rounding) of silu(gate) * up from
+ * double-precision products.
  */
 static void
 check_linear_invariant_silu(void)
