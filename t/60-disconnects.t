@@ -3,9 +3,11 @@
 # 32 at a time, each dropped at a point picked at random (halfway through
 # the headers, halfway through the body, right after the request, after
 # the response headers, after the first event, after a random number of
-# events, while a non-streaming answer is pending).  Afterwards every slot
-# is free, the KV cache is whole again, no nginx process crashed, and the
-# stack still answers correctly.
+# events, while a non-streaming answer is pending).  A request may be
+# refused with 503 (overloaded) while the slots of the clients just gone
+# are still being freed; that answer ends it too, and no other refusal is
+# accepted.  Afterwards every slot is free, the KV cache is whole again,
+# no nginx process crashed, and the stack still answers correctly.
 
 use strict;
 use warnings;
@@ -96,6 +98,7 @@ sub start_one {
 }
 
 my $stuck = 0;
+my %answers;                    # status and error type of refusals
 while ($done < $N) {
     start_one() while $next < $N && @live < $CONC;
     for my $s ($sel->can_read(0.05)) {
@@ -107,7 +110,17 @@ while ($done < $N) {
         my $b = $c->{buf};
         my $events = () = $b =~ /data: \{/g;
         my $hdr = $b =~ /\r\n\r\n/;
-        my $drop = $c->{eof}
+        # a whole answer other than 200 (a 503 while the slots of the
+        # clients just dropped are being freed) ends the request too
+        my $refused = $hdr && $b =~ m{\AHTTP/1\.1 (\d+)}
+            && $1 != 200 && $b =~ /\r\nContent-Length: (\d+)\r\n/i
+            && length($b) >= index($b, "\r\n\r\n") + 4 + $1;
+        if ($refused) {
+            my ($st) = $b =~ m{\AHTTP/1\.1 (\d+)};
+            my ($type) = $b =~ /"type":"([^"]*)"/;
+            $answers{"$st " . ($type // '?')}++;
+        }
+        my $drop = $c->{eof} || $refused
             || ($c->{point} eq 'response' && $hdr)
             || ($c->{point} eq 'first' && $events >= 1)
             || ($c->{point} eq 'events' && $events >= $c->{want})
@@ -126,6 +139,10 @@ while ($done < $N) {
 }
 
 is($stuck, 0, 'no request waited 30 s for its drop point');
+diag(join ', ', map { "$_: $answers{$_}" } sort keys %answers)
+    if %answers && $ENV{TEST_VERBOSE};
+is_deeply([grep { $_ ne '503 overloaded' } keys %answers], [],
+          'every request refused was refused as overloaded (503)');
 diag(join ', ', map { "$_ $seen{$_}" } sort keys %seen) if $ENV{TEST_VERBOSE};
 is(scalar(grep { $seen{$_} } @points), scalar @points,
    "$N clients dropped at every one of the " . @points . ' points');
