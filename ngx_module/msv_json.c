@@ -944,7 +944,8 @@ msv_ids_words_avx2(__m256i v, __m256i nd, uint64_t *word)
 
 /*
  * The eight ids at ids from lane "from" on, each with its ','; all eight
- * must be readable.  As msv_f32s8_avx2 for an array's last few ids.
+ * must be readable (an array's last few ids are the last lanes of the
+ * eight that end it: msv_json_batches_avx2).
  */
 MSV_AVX2_HOT char *
 msv_ids8_avx2(char *p, const void *src, uint32_t from)
