@@ -143,6 +143,8 @@ diag(join ', ', map { "$_: $answers{$_}" } sort keys %answers)
     if %answers && $ENV{TEST_VERBOSE};
 is_deeply([grep { $_ ne '503 overloaded' } keys %answers], [],
           'every request refused was refused as overloaded (503)');
+cmp_ok($answers{'503 overloaded'} // 0, '<', $N / 4,
+       'and most requests were taken (a quarter refused at most)');
 diag(join ', ', map { "$_ $seen{$_}" } sort keys %seen) if $ENV{TEST_VERBOSE};
 is(scalar(grep { $seen{$_} } @points), scalar @points,
    "$N clients dropped at every one of the " . @points . ' points');
