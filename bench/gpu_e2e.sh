@@ -218,7 +218,7 @@ Command: \`bash bench/gpu_e2e.sh\` (PART=1 and PART=2, merged with
 \`PART=merge\`), from the repository root.
 
 Date: $(date -u '+%F %H:%M UTC').  Machine: ${gpu:-no GPU}, $(nproc) CPU
-cores.  Worker: \`--dummy $DUMMY --backend $BACKEND --max-num-seqs $BATCH
+cores ($(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(lscpu 2>/dev/null | sed -n 's/^Thread(s) per core: *//p' | head -1) threads a core).  Worker: \`--dummy $DUMMY --backend $BACKEND --max-num-seqs $BATCH
 --max-num-batched-tokens $MAX_BATCHED --sample-threads $SAMPLE_THREADS${WORKER_ARGS:+ $WORKER_ARGS}\`;
 nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') with $NGINX_WORKERS worker
 processes and the module; redis-server; bench/e2e_load
