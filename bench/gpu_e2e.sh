@@ -205,6 +205,9 @@ command -v "$REDIS" > /dev/null || die "$REDIS not found (REDIS=...)"
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader \
       2>/dev/null | head -1 || true)
+cpu_model=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || true)
+cpu_smt=$(lscpu 2>/dev/null | sed -n 's/^Thread(s) per core: *//p' \
+          | head -1 || true)
 stamp "gpu_e2e PART=$PART backend $BACKEND, dummy $DUMMY, ${gpu:-no GPU}," \
       "$(nproc) cores"
 make -j"$jobs" B="$B" "$B/maskserve-worker" "$B/bench/e2e_load" \
@@ -218,7 +221,7 @@ Command: \`bash bench/gpu_e2e.sh\` (PART=1 and PART=2, merged with
 \`PART=merge\`), from the repository root.
 
 Date: $(date -u '+%F %H:%M UTC').  Machine: ${gpu:-no GPU}, $(nproc) CPU
-cores ($(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(lscpu 2>/dev/null | sed -n 's/^Thread(s) per core: *//p' | head -1) threads a core).  Worker: \`--dummy $DUMMY --backend $BACKEND --max-num-seqs $BATCH
+cores ($cpu_model, $cpu_smt threads a core).  Worker: \`--dummy $DUMMY --backend $BACKEND --max-num-seqs $BATCH
 --max-num-batched-tokens $MAX_BATCHED --sample-threads $SAMPLE_THREADS${WORKER_ARGS:+ $WORKER_ARGS}\`;
 nginx $("$NGINX" -v 2>&1 | sed 's/.*\///') with $NGINX_WORKERS worker
 processes and the module; redis-server; bench/e2e_load

@@ -826,31 +826,6 @@ msv_f32_digits_avx2(const float *v, __m128i *rec, int32_t *x)
 
 
 /*
- * An array of n >= 8 numbers of 4 bytes at v, eight at a time by batch
- * (msv_ids8_avx2), the last n % 8 as the last lanes of the eight that
- * end it (which overlap numbers already written): at a cost no higher
- * than the scalar code's for one number, and lower from two on.
- */
-MSV_AVX2_HOT char *
-msv_json_batches_avx2(char *p, const uint8_t *v, uint32_t n,
-    char *(*batch)(char *p, const void *src, uint32_t from))
-{
-    uint32_t  i;
-
-    for (i = 0; i + 8 <= n; i += 8) {
-        p = batch(p, v + 4 * i, 0);
-    }
-
-    if (i < n) {
-        p = batch(p, v + 4 * (n - 8), 8 - (n - i));
-    }
-
-    return p;
-}
-
-
-
-/*
  * The text of floats from..7 of a batch of eight at v, each with its ',',
  * from their records and exponents (msv_f32_digits_avx2).  A float of a
  * fixed-point layout is one shuffle of its record, stored whole after its
@@ -898,8 +873,8 @@ msv_f32s_text_avx2(char *p, const float *v, uint32_t from, uint32_t fixed,
  * msv_json_f32s_part, eight floats at a time (n >= 8), the last n % 8 as
  * the last lanes of the eight that end the array.  Batch b's digits come
  * before batch b - 1's text, so that the vector work of the one runs
- * beside the scalar work of the other (20-float rows 1.07x, 1000-float
- * rows 1.08x here, with the shuffled layouts).
+ * beside the scalar work of the other (bench/results/json.md,
+ * 2026-12-04 21:50).
  */
 MSV_AVX2 static char *
 msv_json_f32s_avx2(char *p, const float *v, uint32_t n)
@@ -945,15 +920,14 @@ msv_ids_words_avx2(__m256i v, __m256i nd, uint64_t *word)
 /*
  * The eight ids at ids from lane "from" on, each with its ','; all eight
  * must be readable (an array's last few ids are the last lanes of the
- * eight that end it: msv_json_batches_avx2).
+ * eight that end it: msv_json_ids_avx2).
  */
 MSV_AVX2_HOT char *
-msv_ids8_avx2(char *p, const void *src, uint32_t from)
+msv_ids8_avx2(char *p, const int32_t *ids, uint32_t from)
 {
-    __m256i         v, bad, nd;
-    uint32_t        j, len[8];
-    uint64_t        word[8];
-    const int32_t  *ids = src;
+    __m256i   v, bad, nd;
+    uint32_t  j, len[8];
+    uint64_t  word[8];
 
     v = _mm256_loadu_si256((const __m256i *) ids);
     bad = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), v),
@@ -989,11 +963,26 @@ msv_ids8_avx2(char *p, const void *src, uint32_t from)
 }
 
 
-/* msv_json_ids_part, eight ids at a time (n >= 8) */
+/*
+ * msv_json_ids_part, eight ids at a time (n >= 8), the last n % 8 as the
+ * last lanes of the eight that end the array (which overlap ids already
+ * written): at a cost no higher than the scalar code's for one id, and
+ * lower from two on.
+ */
 MSV_AVX2 static char *
 msv_json_ids_avx2(char *p, const int32_t *ids, uint32_t n)
 {
-    return msv_json_batches_avx2(p, (const uint8_t *) ids, n, msv_ids8_avx2);
+    uint32_t  i;
+
+    for (i = 0; i + 8 <= n; i += 8) {
+        p = msv_ids8_avx2(p, ids + i, 0);
+    }
+
+    if (i < n) {
+        p = msv_ids8_avx2(p, ids + n - 8, 8 - (n - i));
+    }
+
+    return p;
 }
 
 

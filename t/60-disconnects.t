@@ -112,11 +112,12 @@ while ($done < $N) {
         my $hdr = $b =~ /\r\n\r\n/;
         # a whole answer other than 200 (a 503 while the slots of the
         # clients just dropped are being freed) ends the request too
-        my $refused = $hdr && $b =~ m{\AHTTP/1\.1 (\d+)}
-            && $1 != 200 && $b =~ /\r\nContent-Length: (\d+)\r\n/i
-            && length($b) >= index($b, "\r\n\r\n") + 4 + $1;
+        my ($st) = $hdr ? $b =~ m{\AHTTP/1\.1 (\d+)} : ();
+        my ($len) = $st && $st != 200
+                    ? $b =~ /\r\nContent-Length: (\d+)\r\n/i : ();
+        my $refused = defined $len
+            && length($b) >= index($b, "\r\n\r\n") + 4 + $len;
         if ($refused) {
-            my ($st) = $b =~ m{\AHTTP/1\.1 (\d+)};
             my ($type) = $b =~ /"type":"([^"]*)"/;
             $answers{"$st " . ($type // '?')}++;
         }
