@@ -193,15 +193,16 @@ main(int argc, char **argv)
         return 1;
     }
 
-    printf("V %u, %d clusters of the sampling kernel at once\n", V,
-           msv_gsampler_clusters(g));
+    printf("V %u, clusters of the sampling kernel at once: %d of 8 blocks, "
+           "%d of 4\n", V, msv_gsampler_clusters(g, 8),
+           msv_gsampler_clusters(g, 4));
     if (prof && msv_gsampler_profile(g, cyc) != 0) {
         fprintf(stderr, "gpu_sampler: no memory for the profile\n");
         return 1;
     }
     tl += snprintf(table + tl, sizeof(table) - tl,
-                   "| batch | case | mask | kernels ms | copy ms | bytes |\n"
-                   "|---|---|---|---|---|---|\n");
+                   "| batch | case | mask | blocks a row | kernels ms | copy ms "
+                   "| bytes |\n|---|---|---|---|---|---|---|\n");
 
     for (bi = 0; bi < 2; bi++) {
         n = batches[bi];
@@ -283,10 +284,11 @@ main(int argc, char **argv)
                            "%llu, histogram %llu, resident %llu\n",
                            pb[0] - pa[0], pb[1] - pa[1], pb[2] - pa[2]);
                 }
-                printf("batch %u, %s, mask %s: kernels %.4f ms (uploads "
-                       "%.4f, streaming %.4f, resident %.4f, packing %.4f), "
-                       "copy %.4f ms (%.0f bytes)\n", n, cases[ci].name,
-                       modes[mi], kmed, pm[0][reps / 2], pm[1][reps / 2],
+                printf("batch %u, %s, mask %s, %u blocks a row: kernels %.4f "
+                       "ms (uploads %.4f, streaming %.4f, resident %.4f, "
+                       "packing %.4f), copy %.4f ms (%.0f bytes)\n", n,
+                       cases[ci].name, modes[mi], msv_gsampler_last_nc(g),
+                       kmed, pm[0][reps / 2], pm[1][reps / 2],
                        pm[2][reps / 2], pm[3][reps / 2], cmed, bytes);
                 if (prof && msv_gsampler_profile(g, cyc) > 0) {
                     if (msv_gsampler_paths(g, pb) == 1) {
@@ -305,8 +307,9 @@ main(int argc, char **argv)
                     }
                 }
                 tl += snprintf(table + tl, sizeof(table) - tl,
-                               "| %u | %s | %s | %.4f | %.4f | %.0f |\n", n,
-                               cases[ci].name, modes[mi], kmed, cmed, bytes);
+                               "| %u | %s | %s | %u | %.4f | %.4f | %.0f |\n",
+                               n, cases[ci].name, modes[mi],
+                               msv_gsampler_last_nc(g), kmed, cmed, bytes);
             }
         }
     }

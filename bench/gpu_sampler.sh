@@ -7,12 +7,15 @@
 #   2. t/c/test_gpu_sampler: GPU sampler vs the CPU sampler on the same
 #      logits (random and adversarial rows, every truncation, penalties
 #      over several steps, every mask mode), V = 151,936 and odd sizes,
-#      with the streaming kernel and with the resident kernel alone
+#      with the streaming kernel (its cluster size chosen per run, then
+#      forced to 4 blocks a row, MSV_CUDA_SAMPLER_NC=4, so that every kind
+#      of row takes that path too) and with the resident kernel alone
 #      (MSV_CUDA_SAMPLER_STREAM=0);
 #   3. the same under compute-sanitizer (memcheck) when it is there;
 #   4. bench/gpu_sampler: kernels and copy per step, batch 64 and 256, on
-#      logits that change every step, on the same logits every step (-s 1)
-#      and with the resident kernel alone, beside
+#      logits that change every step (the cluster size chosen per run, and
+#      forced to 8 blocks a row, alternated twice), on the same logits
+#      every step (-s 1) and with the resident kernel alone, beside
 #      bench/gpu_sampler_torch.py (the PyTorch way) in the same run.
 #
 # Results go to $OUT (or build-gpu/out): gpu_sampler.log and the tables.
@@ -35,6 +38,10 @@ make -j"$(nproc)" B="$B" "$B/t/test_gpu_sampler" "$B/bench/gpu_sampler" \
 echo "== GPU sampler vs CPU sampler"
 "$B/t/test_gpu_sampler" | tee "$OUT/test_gpu_sampler.tap" | grep -v '^ok'
 grep 'by path' "$OUT/test_gpu_sampler.tap"
+echo "== the same, 4 blocks a row"
+MSV_CUDA_SAMPLER_NC=4 "$B/t/test_gpu_sampler" \
+    | tee "$OUT/test_gpu_sampler_nc4.tap" | grep -v '^ok'
+grep 'by path' "$OUT/test_gpu_sampler_nc4.tap"
 echo "== the same, the resident kernel alone"
 MSV_CUDA_SAMPLER_STREAM=0 "$B/t/test_gpu_sampler" \
     | tee "$OUT/test_gpu_sampler_resident.tap" | grep -v '^ok'
@@ -44,10 +51,20 @@ if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
     MSV_GS_QUICK=1 compute-sanitizer --tool memcheck --leak-check no \
         "$B/t/test_gpu_sampler" > "$OUT/sanitizer.log" 2>&1 || true
     grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer.log" | head
+    MSV_GS_QUICK=1 MSV_CUDA_SAMPLER_NC=4 compute-sanitizer --tool memcheck \
+        --leak-check no "$B/t/test_gpu_sampler" > "$OUT/sanitizer_nc4.log" \
+        2>&1 || true
+    grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer_nc4.log" | head
 fi
 
-echo "== timing: GPU sampler, logits that change every step"
-"$B/bench/gpu_sampler" -r "${REPS:-15}" ${GS_ARGS:-} | tee "$OUT/gpu_sampler.txt" | tail -40
+for k in 1 2; do
+    echo "== timing: GPU sampler, logits that change every step ($k)"
+    "$B/bench/gpu_sampler" -r "${REPS:-15}" ${GS_ARGS:-} \
+        | tee "$OUT/gpu_sampler_$k.txt" | grep '^|\|clusters'
+    echo "== the same, 8 blocks a row ($k)"
+    MSV_CUDA_SAMPLER_NC=8 "$B/bench/gpu_sampler" -r "${REPS:-15}" \
+        ${GS_ARGS:-} | tee "$OUT/gpu_sampler_nc8_$k.txt" | grep '^|'
+done
 echo "== timing: GPU sampler, the same logits every step"
 "$B/bench/gpu_sampler" -r "${REPS:-15}" -s 1 | tee "$OUT/gpu_sampler_same.txt" \
     | grep '^|'

@@ -173,6 +173,12 @@ struct msv_gsampler {
     size_t               up_cap;
 
     int                  stream_on;  /* the streaming kernel runs first */
+    uint32_t             chunk4;     /* its slice at clusters of 4 */
+    int                  ncl[2];     /* its clusters at once, of 8 and 4
+                                        blocks (0: unknown) */
+    int                  nc_force;   /* MSV_CUDA_SAMPLER_NC: 8, 4, or 0
+                                        (chosen per run) */
+    uint32_t             nc_last;    /* the last run's cluster size */
     uint32_t            *d_slow;     /* [max_rows] left to the resident
                                         kernel */
     unsigned long long  *d_paths;    /* rows a path took: predicted,
@@ -217,17 +223,18 @@ struct msv_gs_smem {
     uint32_t   bh[MSV_GS_NB];       /* this block's candidate bins */
     uint32_t   bs[MSV_GS_NB];       /* the cluster's */
     uint32_t   own;                 /* this block's candidates */
-    uint32_t   nr;                  /* blocks still at work: 8, or 1 once
-                                       block 0 gathered every candidate */
+    uint32_t   nr;                  /* blocks still at work: the
+                                       cluster's, or 1 once block 0
+                                       gathered every candidate */
     uint32_t  *gid;                 /* then: the candidates' ids */
 };
 
 /* Every block of the cluster at work, on its own slice's ids. */
 __device__ static void
-msv_gs_start(msv_gs_smem &S)
+msv_gs_start(cg::cluster_group &cl, msv_gs_smem &S)
 {
     if (threadIdx.x == 0) {
-        S.nr = MSV_GS_CLUSTER;
+        S.nr = cl.num_blocks();
         S.gid = NULL;
     }
     __syncthreads();
@@ -257,7 +264,7 @@ msv_gs_exchange(cg::cluster_group &cl, msv_gs_smem &S, int k,
     /* the cluster barrier orders the writes above before the remote
      * reads below, in every block */
     cl.sync();
-    if (threadIdx.x < MSV_GS_CLUSTER * 4) {
+    if (threadIdx.x < S.nr * 4) {
         uint32_t   r = threadIdx.x / 4, j = threadIdx.x % 4;
         uint64_t  *p = cl.map_shared_rank(&S.x[k][0], r);
 
@@ -548,7 +555,7 @@ msv_gs_bins(cg::cluster_group &cl, msv_gs_smem &S, const struct msv_gs_row &R,
     for (i = threadIdx.x; i < MSV_GS_NB; i += MSV_GS_NT) {
         uint32_t  c = 0;
 
-        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        for (r = 0; r < S.nr; r++) {
             c += *cl.map_shared_rank(&S.bh[i], r);
         }
         S.bs[i] = c;
@@ -1303,7 +1310,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
     if (slow != NULL && slow[ri] == 0) {
         return;
     }
-    msv_gs_start(S);
+    msv_gs_start(cl, S);
     MSV_GS_MARK(0);
     int       xk = 0;
 
@@ -1878,7 +1885,7 @@ msv_gs_raw_floor(float t, int proc, float temp)
 #undef MSV_GS_P
 }
 
-__global__ void __cluster_dims__(MSV_GS_CLUSTER, 1, 1)
+__global__ void
 __launch_bounds__(MSV_GS_ST_THREADS, 8)
 msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
     const struct msv_gs_row *rows, struct msv_gs_state st,
@@ -1893,7 +1900,9 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
 
     uint32_t        *cid = (uint32_t *) (cz + MSV_GS_ST_CAP);
     const uint32_t   br = cl.block_rank();
-    const uint32_t   ri = blockIdx.x / MSV_GS_CLUSTER;
+    const uint32_t   nc = cl.num_blocks();      /* the launch's: 8 or 4 */
+    const uint32_t   ri = blockIdx.x / nc;
+    const uint32_t   pmax = nc * (MSV_GS_PRED_MAX / MSV_GS_CLUSTER);
     const struct msv_gs_row  R = rows[ri];
     const uint32_t   c0 = br * chunk;
     const uint32_t   n = c0 < V ? (V - c0 < chunk ? V - c0 : chunk) : 0;
@@ -1909,7 +1918,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
         }
         return;
     }
-    msv_gs_start(S);
+    msv_gs_start(cl, S);
     MSV_GS_MARK(0);
 
     const float     temp = (fl & MSV_GS_GREEDY) ? 1.0f : R.temp;
@@ -1971,7 +1980,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
     m = -INFINITY;
     amax = UINT32_MAX;
     ovf = false;
-    for (r = 0; r < MSV_GS_CLUSTER; r++) {
+    for (r = 0; r < nc; r++) {
         float  x = __uint_as_float((uint32_t) S.g[r][0]);
 
         if (msv_gs_better(m, amax, x, (uint32_t) S.g[r][1])) {
@@ -2028,20 +2037,20 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
         /* the floor to predict for the next step: the bins holding about
          * one and a half times what this one needs */
         {
-            uint64_t  T = MSV_GS_PRED_MAX / 2;
+            uint64_t  T = pmax / 2;
             uint32_t  bt;
 
             if ((fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1) {
                 T = (uint64_t) R.top_k + R.top_k / 2 + 32;
-                T = T < MSV_GS_PRED_MAX ? T : MSV_GS_PRED_MAX;
+                T = T < pmax ? T : pmax;
             }
             bt = msv_gs_bin_of_k(S, T);
             t_hist = __fsub_rn(m, (float) (bt + 1) / MSV_GS_BIN_SCALE);
             if ((fl & MSV_GS_MINP) && __fsub_rn(lo, 0.25f) > t_hist) {
                 t_hist = __fsub_rn(lo, 0.25f);
             }
-            /* and the lowest floor that keeps at most MSV_GS_PRED_MAX */
-            bt = msv_gs_bin_of_k(S, MSV_GS_PRED_MAX);
+            /* and the lowest floor that keeps at most pmax */
+            bt = msv_gs_bin_of_k(S, pmax);
             t_cap = bt + 1 < MSV_GS_NB
                     ? __fsub_rn(m, (float) bt / MSV_GS_BIN_SCALE) : -FLT_MAX;
         }
@@ -2061,7 +2070,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
             fits &= wk[i] <= MSV_GS_WCAP;
         }
         msv_gs_exchange(cl, S, xk++, fits, 0, 0, 0);
-        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        for (r = 0; r < nc; r++) {
             fits &= (uint32_t) S.g[r][0];
         }
         if (!fits) {
@@ -2119,7 +2128,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
         all = 0;
         n1 = 0;
         base = 0;
-        for (r = 0; r < MSV_GS_CLUSTER; r++) {
+        for (r = 0; r < nc; r++) {
             all += S.g[r][0];
             n1 += S.g[r][1];
             base += r < br ? S.g[r][0] : 0;
@@ -2201,7 +2210,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
      * less a gap.  On a hit the gap follows how many candidates the step
      * kept; after a miss it is what the histogram says one and a half
      * times the need takes, or twice the gap that missed, whichever is
-     * wider, as long as the floor keeps at most MSV_GS_PRED_MAX.
+     * wider, as long as the floor keeps at most pmax.
      */
     if (br == 0 && threadIdx.x == 0) {
         float  vk = bk != UINT64_MAX
@@ -2530,6 +2539,82 @@ msv_gs_alloc(void **p, size_t bytes, char *err, size_t errlen,
 }
 
 
+/* The streaming kernel's launch shape at nc blocks a row. */
+static void
+msv_gs_stream_cfg(const struct msv_gsampler *g, uint32_t n, uint32_t nc,
+    cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    memset(at, 0, sizeof(*at));
+    at->id = cudaLaunchAttributeClusterDimension;
+    at->val.clusterDim.x = nc;
+    at->val.clusterDim.y = 1;
+    at->val.clusterDim.z = 1;
+    cfg->gridDim = dim3(n * nc);
+    cfg->blockDim = dim3(MSV_GS_ST_THREADS);
+    cfg->dynamicSmemBytes = MSV_GS_ST_CAP * 8;
+    cfg->stream = g->stream;
+    cfg->attrs = at;
+    cfg->numAttrs = 1;
+}
+
+/* Clusters of nc blocks of the streaming kernel the device runs at once
+ * (0: unknown). */
+static int
+msv_gs_max_clusters(const struct msv_gsampler *g, uint32_t nc)
+{
+    cudaLaunchConfig_t   cfg;
+    cudaLaunchAttribute  at;
+    int                  n = 0;
+
+    msv_gs_stream_cfg(g, g->max_rows, nc, &cfg, &at);
+    if (cudaOccupancyMaxActiveClusters(&n, msv_sample_stream_kernel, &cfg)
+        != cudaSuccess)
+    {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/*
+ * The streaming kernel's cluster size for a run of n rows: 4 blocks a row
+ * when that takes fewer rounds of the device's clusters than 8 and every
+ * row's candidates fit four blocks' regions as well as they fit eight
+ * (no top_k above 2,048, no top_p without top_k or min_p: those aim at
+ * more candidates than four blocks keep); else 8, where each row's walk
+ * and chain run on twice as many blocks.  MSV_CUDA_SAMPLER_NC forces one.
+ */
+static uint32_t
+msv_gs_pick_nc(const struct msv_gsampler *g, uint32_t n)
+{
+    uint32_t  i, r8, r4;
+
+    if (g->nc_force != 0) {
+        return (uint32_t) g->nc_force;
+    }
+    if (g->ncl[0] <= 0 || g->ncl[1] <= 0) {
+        return MSV_GS_CLUSTER;
+    }
+    r8 = (n + g->ncl[0] - 1) / g->ncl[0];
+    r4 = (n + g->ncl[1] - 1) / g->ncl[1];
+    if (r4 >= r8) {
+        return MSV_GS_CLUSTER;
+    }
+    for (i = 0; i < n; i++) {
+        const struct msv_gs_row  *w = &g->h_rows[i];
+
+        if (((w->flags & MSV_GS_TOPK) && w->top_k > 2048)
+            || ((w->flags & MSV_GS_TOPP)
+                && !(w->flags & (MSV_GS_TOPK | MSV_GS_MINP))))
+        {
+            return MSV_GS_CLUSTER;
+        }
+    }
+    return 4;
+}
+
+
 extern "C" struct msv_gsampler *
 msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
     uint32_t max_logprobs, void *stream, char *err, size_t errlen)
@@ -2571,7 +2656,18 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
         const char  *sv = getenv("MSV_CUDA_SAMPLER_STREAM");
 
         g->stream_on = sv == NULL || strcmp(sv, "0") != 0;
+        sv = getenv("MSV_CUDA_SAMPLER_NC");
+        if (sv != NULL && *sv != '\0' && strcmp(sv, "4") != 0
+            && strcmp(sv, "8") != 0)
+        {
+            snprintf(err, errlen, "gpu sampler: MSV_CUDA_SAMPLER_NC is "
+                     "\"%s\": 4 or 8 blocks a row, or unset", sv);
+            free(g);
+            return NULL;
+        }
+        g->nc_force = sv != NULL && *sv != '\0' ? atoi(sv) : 0;
     }
+    g->chunk4 = ((vocab + 3) / 4 + 3) & ~3u;
     g->st.words = (vocab + 31) / 32;
     row_max = msv_row_size(vocab, vocab, g->max_lp);
     g->pack_cap = R * row_max;
@@ -2678,6 +2774,9 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
         msv_gs_err(err, errlen, "host buffers", e);
         goto fail;
     }
+    g->ncl[0] = msv_gs_max_clusters(g, 8);
+    g->ncl[1] = msv_gs_max_clusters(g, 4);
+    g->nc_last = MSV_GS_CLUSTER;
     return g;
 
 fail:
@@ -2963,12 +3062,21 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
     MSV_GS_TRY(cudaEventRecord(g->eva, g->stream), "event");
 
     if (g->stream_on) {
-        msv_sample_stream_kernel<<<n * MSV_GS_CLUSTER, MSV_GS_ST_THREADS,
-                                   MSV_GS_ST_CAP * 8, g->stream>>>(logits,
-            g->vocab, g->chunk, g->d_rows, g->st, g->d_ids, g->d_lps,
-            g->d_topk, g->d_toplp, g->max_lp, g->d_res, g->d_slow,
-            g->d_paths, g->d_prof);
+        cudaLaunchConfig_t   cfg;
+        cudaLaunchAttribute  at;
+        const uint32_t       nc = msv_gs_pick_nc(g, n);
+
+        msv_gs_stream_cfg(g, n, nc, &cfg, &at);
+        MSV_GS_TRY(cudaLaunchKernelEx(&cfg, msv_sample_stream_kernel,
+                                      (const float *) logits, g->vocab,
+                                      nc == 4 ? g->chunk4 : g->chunk,
+                                      (const struct msv_gs_row *) g->d_rows,
+                                      g->st, g->d_ids, g->d_lps, g->d_topk,
+                                      g->d_toplp, g->max_lp, g->d_res,
+                                      g->d_slow, g->d_paths, g->d_prof),
+                   "streaming sampling kernel");
         MSV_GS_TRY(cudaGetLastError(), "streaming sampling kernel");
+        g->nc_last = nc;
     }
     MSV_GS_TRY(cudaEventRecord(g->evs, g->stream), "event");
     /* the resident kernel, now if a row is known to need it; else only if
@@ -3122,24 +3230,35 @@ msv_gsampler_paths(struct msv_gsampler *g, unsigned long long paths[3])
 
 
 extern "C" int
-msv_gsampler_clusters(const struct msv_gsampler *g)
+msv_gsampler_clusters(const struct msv_gsampler *g, uint32_t nc)
 {
     cudaLaunchConfig_t  cfg;
     int                 n = 0;
 
+    if (g->stream_on) {
+        return nc == 8 ? g->ncl[0] : nc == 4 ? g->ncl[1] : -1;
+    }
+    if (nc != MSV_GS_CLUSTER) {
+        return -1;                      /* the resident kernel's is 8 */
+    }
     memset(&cfg, 0, sizeof(cfg));
     cfg.gridDim = dim3(g->max_rows * MSV_GS_CLUSTER);
-    cfg.blockDim = dim3(g->stream_on ? MSV_GS_ST_THREADS : MSV_GS_THREADS);
-    cfg.dynamicSmemBytes = g->stream_on ? MSV_GS_ST_CAP * 8 : g->smem;
-    if ((g->stream_on
-         ? cudaOccupancyMaxActiveClusters(&n, msv_sample_stream_kernel, &cfg)
-         : cudaOccupancyMaxActiveClusters(&n, msv_sample_kernel, &cfg))
+    cfg.blockDim = dim3(MSV_GS_THREADS);
+    cfg.dynamicSmemBytes = g->smem;
+    if (cudaOccupancyMaxActiveClusters(&n, msv_sample_kernel, &cfg)
         != cudaSuccess)
     {
         cudaGetLastError();
         return -1;
     }
     return n;
+}
+
+
+extern "C" uint32_t
+msv_gsampler_last_nc(const struct msv_gsampler *g)
+{
+    return g->stream_on ? g->nc_last : MSV_GS_CLUSTER;
 }
 
 

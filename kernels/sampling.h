@@ -82,9 +82,14 @@ int msv_gsampler_profile(struct msv_gsampler *g, double cycles[7]);
  * every row is the resident kernel's), -1 on a device error. */
 int msv_gsampler_paths(struct msv_gsampler *g, unsigned long long paths[3]);
 
-/* Clusters of the sampling kernel (the streaming one when it runs) the
- * device runs at once (-1: unknown). */
-int msv_gsampler_clusters(const struct msv_gsampler *g);
+/* Clusters of nc blocks (8, or 4 for the streaming kernel) of the
+ * sampling kernel (the streaming one when it runs) the device runs at
+ * once (-1: unknown, or no such launch). */
+int msv_gsampler_clusters(const struct msv_gsampler *g, uint32_t nc);
+
+/* Blocks a row of the last run's streaming kernel (8 or 4; docs/SAMPLER.md
+ * section 9 says how it is chosen, MSV_CUDA_SAMPLER_NC forces it). */
+uint32_t msv_gsampler_last_nc(const struct msv_gsampler *g);
 
 /* Register host memory (the ring) so copies into it run as DMA at full
  * rate.  0, or -1 with err set. */
