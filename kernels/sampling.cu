@@ -182,10 +182,11 @@ struct msv_gsampler {
     uint32_t            *d_slow;     /* [max_rows] left to the resident
                                         kernel */
     unsigned long long  *d_paths;    /* rows a path took: predicted,
-                                        histogram, resident; [3]: rows of
-                                        this run left to the resident
-                                        kernel */
-    unsigned long long  *h_left;     /* pinned: the last run's [3] */
+                                        histogram, resident; [3]: rows
+                                        the streaming kernel left to the
+                                        resident kernel */
+    unsigned long long  *h_left;     /* pinned: [3] after the last run */
+    unsigned long long   left_seen;  /* [3] before it */
     int32_t             *d_ids;      /* [max_rows][vocab] support ids */
     float               *d_lps;      /* [max_rows][vocab] their lps */
     uint64_t            *d_topk;     /* [max_rows][max_lp] rank keys */
@@ -238,6 +239,23 @@ msv_gs_start(cg::cluster_group &cl, msv_gs_smem &S)
         S.gid = NULL;
     }
     __syncthreads();
+}
+
+/* A row's result before a kernel takes it: empty (what packing writes
+ * for a row the streaming kernel leaves to the resident one, until that
+ * one runs), top_fill 0.  Block 0 writes it before the cluster's first
+ * barrier, so before any block adds to top_fill or writes the result. */
+__device__ static void
+msv_gs_res_clear(cg::cluster_group &cl, struct msv_gs_res *res, uint32_t ri)
+{
+    if (cl.block_rank() == 0 && threadIdx.x == 0) {
+        struct msv_gs_res  e;
+
+        memset(&e, 0, sizeof(e));
+        e.token = -1;
+        e.bytes = msv_row_size(0, 0, 0);
+        res[ri] = e;
+    }
 }
 
 /* Publish four words as exchange k, then gather every block's four. */
@@ -1310,6 +1328,7 @@ msv_sample_kernel(float *logits, uint32_t V, uint32_t chunk,
     if (slow != NULL && slow[ri] == 0) {
         return;
     }
+    msv_gs_res_clear(cl, res, ri);
     msv_gs_start(cl, S);
     MSV_GS_MARK(0);
     int       xk = 0;
@@ -1910,6 +1929,7 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
     const float     *src = logits + (size_t) R.lrow * V + c0;
     const uint32_t   w = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
+    msv_gs_res_clear(cl, res, ri);
     if (!(fl & MSV_GS_FAST)) {
         if (br == 0 && threadIdx.x == 0) {
             slow[ri] = 1;
@@ -3056,9 +3076,8 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
     MSV_GS_TRY(cudaMemcpyAsync(g->d_rows, g->h_rows,
                                n * sizeof(msv_gs_row),
                                cudaMemcpyHostToDevice, g->stream), "upload");
-    MSV_GS_TRY(cudaMemsetAsync(g->d_res, 0, n * sizeof(msv_gs_res),
-                               g->stream), "reset");
-    MSV_GS_TRY(cudaMemsetAsync(g->d_paths + 3, 0, 8, g->stream), "reset");
+    /* no resets: each row's result is written whole by the kernel that
+     * takes it (top_fill too), and paths[3] counts on across runs */
     MSV_GS_TRY(cudaEventRecord(g->eva, g->stream), "event");
 
     if (g->stream_on) {
@@ -3088,7 +3107,9 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
         return -1;
     }
     e = cudaStreamSynchronize(g->stream);
-    if (e == cudaSuccess && g->stream_on && n_res == 0 && *g->h_left > 0) {
+    if (e == cudaSuccess && g->stream_on && n_res == 0
+        && *g->h_left > g->left_seen)
+    {
         if (msv_gs_finish_run(g, logits, n, 1, err, errlen) != 0) {
             return -1;
         }
@@ -3097,6 +3118,7 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
     if (e != cudaSuccess) {
         return msv_gs_err(err, errlen, "sampling", e);
     }
+    g->left_seen = *g->h_left;
     cudaEventElapsedTime(&g->last_ms, g->ev0, g->ev1);
     if (g->d_prof != NULL) {
         cudaMemcpy(g->h_prof, g->d_prof,
