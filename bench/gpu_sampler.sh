@@ -19,6 +19,9 @@
 #      bench/gpu_sampler_torch.py (the PyTorch way) in the same run.
 #
 # Results go to $OUT (or build-gpu/out): gpu_sampler.log and the tables.
+# EXTRA=0 leaves out the runs that do not compare the cluster sizes (the
+# resident kernel alone, in the test, under the sanitizer and timed, and
+# the same-logits timing), for a call that also runs the worker.
 
 set -eu -o pipefail
 cd "$(dirname "$0")/.."
@@ -42,15 +45,19 @@ echo "== the same, 4 blocks a row"
 MSV_CUDA_SAMPLER_NC=4 "$B/t/test_gpu_sampler" \
     | tee "$OUT/test_gpu_sampler_nc4.tap" | grep -v '^ok'
 grep 'by path' "$OUT/test_gpu_sampler_nc4.tap"
-echo "== the same, the resident kernel alone"
-MSV_CUDA_SAMPLER_STREAM=0 "$B/t/test_gpu_sampler" \
-    | tee "$OUT/test_gpu_sampler_resident.tap" | grep -v '^ok'
+if [ "${EXTRA:-1}" = 1 ]; then
+    echo "== the same, the resident kernel alone"
+    MSV_CUDA_SAMPLER_STREAM=0 "$B/t/test_gpu_sampler" \
+        | tee "$OUT/test_gpu_sampler_resident.tap" | grep -v '^ok'
+fi
 
 if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
     echo "== compute-sanitizer (memcheck)"
-    MSV_GS_QUICK=1 compute-sanitizer --tool memcheck --leak-check no \
-        "$B/t/test_gpu_sampler" > "$OUT/sanitizer.log" 2>&1 || true
-    grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer.log" | head
+    if [ "${EXTRA:-1}" = 1 ]; then
+        MSV_GS_QUICK=1 compute-sanitizer --tool memcheck --leak-check no \
+            "$B/t/test_gpu_sampler" > "$OUT/sanitizer.log" 2>&1 || true
+        grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer.log" | head
+    fi
     MSV_GS_QUICK=1 MSV_CUDA_SAMPLER_NC=4 compute-sanitizer --tool memcheck \
         --leak-check no "$B/t/test_gpu_sampler" > "$OUT/sanitizer_nc4.log" \
         2>&1 || true
@@ -65,12 +72,14 @@ for k in 1 2; do
     MSV_CUDA_SAMPLER_NC=8 "$B/bench/gpu_sampler" -r "${REPS:-15}" \
         ${GS_ARGS:-} | tee "$OUT/gpu_sampler_nc8_$k.txt" | grep '^|'
 done
-echo "== timing: GPU sampler, the same logits every step"
-"$B/bench/gpu_sampler" -r "${REPS:-15}" -s 1 | tee "$OUT/gpu_sampler_same.txt" \
-    | grep '^|'
-echo "== timing: the resident kernel alone"
-MSV_CUDA_SAMPLER_STREAM=0 "$B/bench/gpu_sampler" -r "${REPS:-15}" \
-    | tee "$OUT/gpu_sampler_resident.txt" | grep '^|'
+if [ "${EXTRA:-1}" = 1 ]; then
+    echo "== timing: GPU sampler, the same logits every step"
+    "$B/bench/gpu_sampler" -r "${REPS:-15}" -s 1 \
+        | tee "$OUT/gpu_sampler_same.txt" | grep '^|'
+    echo "== timing: the resident kernel alone"
+    MSV_CUDA_SAMPLER_STREAM=0 "$B/bench/gpu_sampler" -r "${REPS:-15}" \
+        | tee "$OUT/gpu_sampler_resident.txt" | grep '^|'
+fi
 
 echo "== timing: PyTorch"
 python3 bench/gpu_sampler_torch.py --repeats "${REPS:-15}" \
