@@ -69,6 +69,7 @@ namespace cg = cooperative_groups;
 #define MSV_GS_QBIN      92         /* bins holding every d >= -23 */
 #define MSV_GS_CAP       4096       /* candidates a block compacts */
 #define MSV_GS_MARKS     8          /* stage marks when profiling */
+#define MSV_GS_SORT      1024       /* top_p by a sort: the most keys */
 
 enum {
     MSV_GS_GREEDY = 1u << 0,
@@ -212,11 +213,19 @@ struct msv_gsampler {
 struct msv_gs_smem {
     uint64_t   x[MSV_GS_NX][4];     /* scalar exchanges, one slot each */
     uint64_t   g[MSV_GS_CLUSTER][4];/* gathered words of the last one */
-    uint32_t   h[MSV_GS_NH][256];   /* count histograms, one slot each */
-    uint32_t   wh[MSV_GS_NH][256][2];   /* top-p weights, (lo, hi):
-                                       32-bit atomics are native, 64-bit
-                                       ones a compare-and-swap loop */
-    uint64_t   H[256];              /* the cluster's sum of the last one */
+    union {
+        struct {
+            uint32_t  h[MSV_GS_NH][256];    /* count histograms, one slot
+                                               each */
+            uint32_t  wh[MSV_GS_NH][256][2];/* top-p weights, (lo, hi):
+                                               32-bit atomics are native,
+                                               64-bit ones a
+                                               compare-and-swap loop */
+            uint64_t  H[256];       /* the cluster's sum of the last one */
+        };
+        uint64_t  keys[MSV_GS_SORT];    /* or the rank keys of a set that
+                                           block 0 sorts (top_p) */
+    };
     uint64_t   red[MSV_GS_WARPS][3];
     uint32_t   wsum[MSV_GS_WARPS];
     uint32_t   flag;
@@ -926,6 +935,110 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int xk,
 }
 
 
+/*
+ * top_p on a set that block 0 holds alone (S.nr == 1) of at most
+ * MSV_GS_SORT elements: their rank keys sorted in shared memory (bitonic),
+ * then one prefix sum of the integer weights in rank order; the cut is
+ * the first key whose running weight reaches tau = top_p * W.  The same
+ * bound as the radix rounds (the weights are integers: no summation order
+ * shows).  Returns UINT64_MAX, having changed nothing, when the set has
+ * more elements than the sort takes.
+ */
+__device__ static uint64_t
+msv_gs_topp_sorted(msv_gs_smem &S, const float *z, const uint16_t *ix,
+    uint32_t nn, uint32_t c0, float lo, uint64_t bound, float m, float top_p)
+{
+    __shared__ uint32_t  cnt, first;
+    const uint32_t       lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const double         md = (double) m;
+    uint32_t             i, j, k, P, per, a0, a1;
+    uint64_t             own = 0, pre, v, W = 0;
+    double               tau;
+
+    if (threadIdx.x == 0) {
+        cnt = 0;
+        first = UINT32_MAX;
+    }
+    __syncthreads();
+    for (i = threadIdx.x; i < nn; i += MSV_GS_NT) {
+        float  x = MSV_GS_VAL(i);
+
+        if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
+            j = atomicAdd(&cnt, 1u);
+            if (j < MSV_GS_SORT) {
+                S.keys[j] = msv_rank_key(x, MSV_GS_ID(i));
+            }
+        }
+    }
+    __syncthreads();
+    if (cnt > MSV_GS_SORT) {
+        __syncthreads();                /* every thread has read cnt */
+        return UINT64_MAX;
+    }
+    for (P = 2; P < cnt; P <<= 1) {
+    }
+    for (i = cnt + threadIdx.x; i < P; i += MSV_GS_NT) {
+        S.keys[i] = UINT64_MAX;         /* after every real key */
+    }
+    __syncthreads();
+
+    /* ascending: the rank order */
+    for (k = 2; k <= P; k <<= 1) {
+        for (j = k >> 1; j > 0; j >>= 1) {
+            for (i = threadIdx.x; i < P / 2; i += MSV_GS_NT) {
+                const uint32_t  lo_i = 2 * j * (i / j) + i % j;
+                const uint64_t  a = S.keys[lo_i], b = S.keys[lo_i + j];
+
+                if ((a > b) == ((lo_i & k) == 0)) {
+                    S.keys[lo_i] = b;
+                    S.keys[lo_i + j] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+
+    /* each thread a run of the order: its weight, then the runs before */
+    per = (cnt + MSV_GS_NT - 1) / MSV_GS_NT;
+    a0 = threadIdx.x * per < cnt ? threadIdx.x * per : cnt;
+    a1 = a0 + per < cnt ? a0 + per : cnt;
+    for (i = a0; i < a1; i++) {
+        own += msv_weight((double) msv_fkey_value(~(uint32_t) (S.keys[i] >> 32))
+                          - md);
+    }
+    pre = own;
+    for (int o = 1; o < 32; o <<= 1) {
+        v = __shfl_up_sync(0xffffffffu, pre, o);
+        if (lane >= (uint32_t) o) {
+            pre += v;
+        }
+    }
+    if (lane == 31) {
+        S.red[w][0] = pre;              /* the warp's total */
+    }
+    __syncthreads();
+    pre -= own;                         /* before this thread's run */
+    for (k = 0; k < MSV_GS_NW; k++) {
+        v = S.red[k][0];
+        pre += k < w ? v : 0;
+        W += v;
+    }
+    tau = (double) top_p * (double) W;
+    for (i = a0; i < a1; i++) {
+        pre += msv_weight((double) msv_fkey_value(~(uint32_t) (S.keys[i] >> 32))
+                          - md);
+        if ((double) pre >= tau) {
+            atomicMin(&first, i);
+            break;
+        }
+    }
+    __syncthreads();
+    v = first < cnt ? S.keys[first] : S.keys[cnt - 1];
+    __syncthreads();                    /* before S.keys or S.red is reused */
+    return v;
+}
+
+
 /* ------------------------------------------------------------------ */
 /* Per-logit processing, one definition for every pass that does it    */
 
@@ -1042,6 +1155,7 @@ msv_gs_finish(cg::cluster_group &cl, msv_gs_smem &S,
 {
     const uint32_t  br = cl.block_rank();
     const uint32_t  fl = R.flags;
+    uint32_t        fl_p = fl;      /* TOPP cleared once the sort cut */
     uint64_t        bound = UINT64_MAX, bk = UINT64_MAX;
     uint32_t        i, id, r;
     float           x;
@@ -1058,8 +1172,21 @@ msv_gs_finish(cg::cluster_group &cl, msv_gs_smem &S,
     }
     bk = bound;
 
-    /* 7. top_p: integer weights, the first prefix reaching tau */
-    if (fl & MSV_GS_TOPP) {
+    /* 7. top_p: integer weights, the first prefix reaching tau; a set
+     * block 0 holds alone is sorted when it is small enough */
+    if ((fl & MSV_GS_TOPP) && S.nr == 1
+        && (((fl & MSV_GS_TOPK) && (uint64_t) R.top_k <= MSV_GS_SORT)
+            || n1 <= MSV_GS_SORT))
+    {
+        uint64_t  q = msv_gs_topp_sorted(S, z, ix, nn, c0, lo, bound, m,
+                                         R.top_p);
+
+        if (q != UINT64_MAX) {
+            bound = q < bound ? q : bound;
+            fl_p = 0;
+        }
+    }
+    if (fl_p & MSV_GS_TOPP) {
         uint64_t  w = 0, above = 0, dummy = 0, q;
         uint32_t  prefix = 0, mask = 0, shift, digit;
         double    tau, d;
