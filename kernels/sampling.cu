@@ -80,7 +80,9 @@ enum {
     MSV_GS_TOPP   = 1u << 5,
     MSV_GS_MINP   = 1u << 6,
     MSV_GS_CAPT   = 1u << 7,        /* a mask or logprobs was asked */
-    MSV_GS_FAST   = 1u << 8         /* the streaming kernel may take it */
+    MSV_GS_FAST   = 1u << 8,        /* the streaming kernel may take it */
+    MSV_GS_RADIX  = 1u << 9         /* top_p by radix rounds only
+                                       (MSV_CUDA_SAMPLER_SORT=0) */
 };
 
 /* One row of a step, as the kernels read it. */
@@ -174,6 +176,7 @@ struct msv_gsampler {
     size_t               up_cap;
 
     int                  stream_on;  /* the streaming kernel runs first */
+    int                  sort_on;    /* top_p by a sort where it can */
     uint32_t             chunk4;     /* its slice at clusters of 4 */
     int                  ncl[2];     /* its clusters at once, of 8 and 4
                                         blocks (0: unknown) */
@@ -941,8 +944,9 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int xk,
  * then one prefix sum of the integer weights in rank order; the cut is
  * the first key whose running weight reaches tau = top_p * W.  The same
  * bound as the radix rounds (the weights are integers: no summation order
- * shows).  Returns UINT64_MAX, having changed nothing, when the set has
- * more elements than the sort takes.
+ * shows).  Returns UINT64_MAX when the set has more elements than the
+ * sort takes (the rounds then run as before: what it left in S.keys is
+ * scratch they overwrite).
  */
 __device__ static uint64_t
 msv_gs_topp_sorted(msv_gs_smem &S, const float *z, const uint16_t *ix,
@@ -1174,7 +1178,7 @@ msv_gs_finish(cg::cluster_group &cl, msv_gs_smem &S,
 
     /* 7. top_p: integer weights, the first prefix reaching tau; a set
      * block 0 holds alone is sorted when it is small enough */
-    if ((fl & MSV_GS_TOPP) && S.nr == 1
+    if ((fl & MSV_GS_TOPP) && !(fl & MSV_GS_RADIX) && S.nr == 1
         && (((fl & MSV_GS_TOPK) && (uint64_t) R.top_k <= MSV_GS_SORT)
             || n1 <= MSV_GS_SORT))
     {
@@ -2803,6 +2807,8 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
         const char  *sv = getenv("MSV_CUDA_SAMPLER_STREAM");
 
         g->stream_on = sv == NULL || strcmp(sv, "0") != 0;
+        sv = getenv("MSV_CUDA_SAMPLER_SORT");
+        g->sort_on = sv == NULL || strcmp(sv, "0") != 0;
         sv = getenv("MSV_CUDA_SAMPLER_NC");
         if (sv != NULL && *sv != '\0' && strcmp(sv, "4") != 0
             && strcmp(sv, "8") != 0)
@@ -3157,6 +3163,9 @@ msv_gsampler_run(struct msv_gsampler *g, float *logits,
         }
         if (p->mask_mode != MSV_MASK_OFF || p->logprobs >= 0) {
             fl |= MSV_GS_CAPT;
+        }
+        if (!g->sort_on) {
+            fl |= MSV_GS_RADIX;
         }
         if (p->n_bias == 0 && !(fl & MSV_GS_MASKON)
             && (fl & (MSV_GS_GREEDY | MSV_GS_TOPK | MSV_GS_TOPP
