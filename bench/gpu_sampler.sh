@@ -9,13 +9,13 @@
 #      over several steps, every mask mode), V = 151,936 and odd sizes,
 #      with the streaming kernel (its cluster size chosen per run, then
 #      forced to 4 blocks a row, MSV_CUDA_SAMPLER_NC=4, so that every kind
-#      of row takes that path too), with top_p by radix rounds only
+#      of row takes that path too), with top_k and top_p by radix rounds only
 #      (MSV_CUDA_SAMPLER_SORT=0) and with the resident kernel alone
 #      (MSV_CUDA_SAMPLER_STREAM=0);
 #   3. the same under compute-sanitizer (memcheck) when it is there;
 #   4. bench/gpu_sampler: kernels and copy per step, batch 64 and 256, on
 #      logits that change every step (the default, the cluster size
-#      forced to 8 blocks a row, and top_p by radix rounds only,
+#      forced to 8 blocks a row, and the cuts by radix rounds only,
 #      alternated twice), on the same logits
 #      every step (-s 1) and with the resident kernel alone, beside
 #      bench/gpu_sampler_torch.py (the PyTorch way) in the same run.
@@ -47,7 +47,7 @@ echo "== the same, 4 blocks a row"
 MSV_CUDA_SAMPLER_NC=4 "$B/t/test_gpu_sampler" \
     | tee "$OUT/test_gpu_sampler_nc4.tap" | grep -v '^ok'
 grep 'by path' "$OUT/test_gpu_sampler_nc4.tap"
-echo "== the same, top_p by radix rounds only"
+echo "== the same, top_k and top_p by radix rounds only"
 MSV_CUDA_SAMPLER_SORT=0 "$B/t/test_gpu_sampler" \
     | tee "$OUT/test_gpu_sampler_radix.tap" | grep -v '^ok'
 if [ "${EXTRA:-1}" = 1 ]; then
@@ -76,7 +76,7 @@ for k in 1 2; do
     echo "== the same, 8 blocks a row ($k)"
     MSV_CUDA_SAMPLER_NC=8 "$B/bench/gpu_sampler" -r "${REPS:-15}" \
         ${GS_ARGS:-} | tee "$OUT/gpu_sampler_nc8_$k.txt" | grep '^|'
-    echo "== the same, top_p by radix rounds only ($k)"
+    echo "== the same, the cuts by radix rounds only ($k)"
     MSV_CUDA_SAMPLER_SORT=0 "$B/bench/gpu_sampler" -r "${REPS:-15}" \
         ${GS_ARGS:-} | tee "$OUT/gpu_sampler_radix_$k.txt" | grep '^|'
 done

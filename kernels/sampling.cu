@@ -69,7 +69,8 @@ namespace cg = cooperative_groups;
 #define MSV_GS_QBIN      92         /* bins holding every d >= -23 */
 #define MSV_GS_CAP       4096       /* candidates a block compacts */
 #define MSV_GS_MARKS     8          /* stage marks when profiling */
-#define MSV_GS_SORT      1024       /* top_p by a sort: the most keys */
+#define MSV_GS_SORT      2048       /* top_k/top_p by a sort: the most
+                                       elements block 0 sorts */
 
 enum {
     MSV_GS_GREEDY = 1u << 0,
@@ -81,8 +82,8 @@ enum {
     MSV_GS_MINP   = 1u << 6,
     MSV_GS_CAPT   = 1u << 7,        /* a mask or logprobs was asked */
     MSV_GS_FAST   = 1u << 8,        /* the streaming kernel may take it */
-    MSV_GS_RADIX  = 1u << 9         /* top_p by radix rounds only
-                                       (MSV_CUDA_SAMPLER_SORT=0) */
+    MSV_GS_RADIX  = 1u << 9         /* top_k and top_p by radix rounds
+                                       only (MSV_CUDA_SAMPLER_SORT=0) */
 };
 
 /* One row of a step, as the kernels read it. */
@@ -226,8 +227,8 @@ struct msv_gs_smem {
                                                compare-and-swap loop */
             uint64_t  H[256];       /* the cluster's sum of the last one */
         };
-        uint64_t  keys[MSV_GS_SORT];    /* or the rank keys of a set that
-                                           block 0 sorts (top_p) */
+        uint32_t  k32[MSV_GS_SORT];     /* or the inverted order keys of
+                                           a set block 0 sorts */
     };
     uint64_t   red[MSV_GS_WARPS][3];
     uint32_t   wsum[MSV_GS_WARPS];
@@ -939,107 +940,157 @@ msv_gs_select_k(cg::cluster_group &cl, msv_gs_smem &S, int xk,
 
 
 /*
- * top_p on a set that block 0 holds alone (S.nr == 1) of at most
- * MSV_GS_SORT elements: their rank keys sorted in shared memory (bitonic),
- * then one prefix sum of the integer weights in rank order; the cut is
- * the first key whose running weight reaches tau = top_p * W.  The same
- * bound as the radix rounds (the weights are integers: no summation order
- * shows).  Returns UINT64_MAX when the set has more elements than the
- * sort takes (the rounds then run as before: what it left in S.keys is
- * scratch they overwrite).
+ * The first index of value v in the ascending array a[0..n) (v is there),
+ * for every thread of the block; `first` is shared scratch.
  */
-__device__ static uint64_t
-msv_gs_topp_sorted(msv_gs_smem &S, const float *z, const uint16_t *ix,
-    uint32_t nn, uint32_t c0, float lo, uint64_t bound, float m, float top_p)
+__device__ static uint32_t
+msv_gs_first_of(const uint32_t *a, uint32_t n, uint32_t v, uint32_t *first)
+{
+    uint32_t  i, f;
+
+    for (i = threadIdx.x; i < n; i += MSV_GS_NT) {
+        if (a[i] == v && (i == 0 || a[i - 1] != v)) {
+            *first = i;                 /* one thread: the index is unique */
+        }
+    }
+    __syncthreads();
+    f = *first;
+    __syncthreads();
+    return f;
+}
+
+/*
+ * Stages 6 and 7 (top_k, top_p) on a set that block 0 holds alone
+ * (S.nr == 1) of at most MSV_GS_SORT elements: the inverted order keys
+ * ~msv_fkey(z') of the set sorted ascending in shared memory (bitonic),
+ * which is the rank order up to ties of value; ties weigh the same and
+ * are cut by id in id order (msv_gs_cut), as the radix rounds cut them.
+ * top_k: the k-th key v, and among the ids of value v the (k - those
+ * above)-th.  top_p: one prefix sum of the integer weights over the first
+ * min(k, |set|) keys, the first position reaching tau = top_p * W, then
+ * the same cut among its ties.  The same bounds as the rounds (the
+ * weights are integers: no summation order shows).  *bk: top_k's bound
+ * (UINT64_MAX: none); returns the bound of both.  Uses exchanges xk to
+ * xk + 3.  Not inlined: inside the streaming kernel (64 registers a
+ * thread) its registers would be allocated with the walk's, which then
+ * spilled three times as much (ptxas -v: 208 bytes of spill stores
+ * against 64-72).
+ */
+__device__ static __noinline__ uint64_t
+msv_gs_sorted_cut(cg::cluster_group &cl, msv_gs_smem &S,
+    const struct msv_gs_row &R, int xk, const float *z, const uint16_t *ix,
+    uint32_t nn, uint32_t c0, float lo, float m, uint64_t n1, uint64_t *bk)
 {
     __shared__ uint32_t  cnt, first;
+    uint32_t * const     a = S.k32;
     const uint32_t       lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const double         md = (double) m;
-    uint32_t             i, j, k, P, per, a0, a1;
-    uint64_t             own = 0, pre, v, W = 0;
-    double               tau;
+    uint32_t             i, j, k, P, ns, v, fv, id;
+    uint64_t             b = UINT64_MAX;
 
     if (threadIdx.x == 0) {
         cnt = 0;
-        first = UINT32_MAX;
     }
     __syncthreads();
     for (i = threadIdx.x; i < nn; i += MSV_GS_NT) {
         float  x = MSV_GS_VAL(i);
 
-        if (msv_gs_in(x, MSV_GS_ID(i), lo, bound)) {
-            j = atomicAdd(&cnt, 1u);
-            if (j < MSV_GS_SORT) {
-                S.keys[j] = msv_rank_key(x, MSV_GS_ID(i));
-            }
+        if (msv_gs_in(x, MSV_GS_ID(i), lo, UINT64_MAX)) {
+            a[atomicAdd(&cnt, 1u)] = ~msv_fkey(x);  /* nn <= MSV_GS_SORT */
         }
     }
     __syncthreads();
-    if (cnt > MSV_GS_SORT) {
-        __syncthreads();                /* every thread has read cnt */
+    ns = cnt;
+    if (ns == 0) {                      /* not seen: the max is in the set */
+        __syncthreads();
+        *bk = UINT64_MAX;
         return UINT64_MAX;
     }
-    for (P = 2; P < cnt; P <<= 1) {
+    for (P = 2; P < ns; P <<= 1) {
     }
-    for (i = cnt + threadIdx.x; i < P; i += MSV_GS_NT) {
-        S.keys[i] = UINT64_MAX;         /* after every real key */
+    for (i = ns + threadIdx.x; i < P; i += MSV_GS_NT) {
+        a[i] = UINT32_MAX;              /* after every real key */
     }
     __syncthreads();
-
-    /* ascending: the rank order */
     for (k = 2; k <= P; k <<= 1) {
         for (j = k >> 1; j > 0; j >>= 1) {
             for (i = threadIdx.x; i < P / 2; i += MSV_GS_NT) {
-                const uint32_t  lo_i = 2 * j * (i / j) + i % j;
-                const uint64_t  a = S.keys[lo_i], b = S.keys[lo_i + j];
+                const uint32_t  l = 2 * j * (i / j) + i % j;
+                const uint32_t  x0 = a[l], x1 = a[l + j];
 
-                if ((a > b) == ((lo_i & k) == 0)) {
-                    S.keys[lo_i] = b;
-                    S.keys[lo_i + j] = a;
+                if ((x0 > x1) == ((l & k) == 0)) {
+                    a[l] = x1;
+                    a[l + j] = x0;
                 }
             }
             __syncthreads();
         }
     }
 
-    /* each thread a run of the order: its weight, then the runs before */
-    per = (cnt + MSV_GS_NT - 1) / MSV_GS_NT;
-    a0 = threadIdx.x * per < cnt ? threadIdx.x * per : cnt;
-    a1 = a0 + per < cnt ? a0 + per : cnt;
-    for (i = a0; i < a1; i++) {
-        own += msv_weight((double) msv_fkey_value(~(uint32_t) (S.keys[i] >> 32))
-                          - md);
+    /* 6. top_k: the k-th of the survivors, if there are more than k */
+    if ((R.flags & MSV_GS_TOPK) && (uint64_t) R.top_k < n1
+        && (uint32_t) R.top_k < ns)
+    {
+        k = (uint32_t) R.top_k;
+        v = a[k - 1];
+        fv = msv_gs_first_of(a, k, v, &first);
+        id = msv_gs_cut(cl, S, xk, z, ix, nn, c0, ~v, lo, UINT64_MAX, k - fv);
+        b = ((uint64_t) v << 32) | id;
+        ns = k;
     }
-    pre = own;
-    for (int o = 1; o < 32; o <<= 1) {
-        v = __shfl_up_sync(0xffffffffu, pre, o);
-        if (lane >= (uint32_t) o) {
-            pre += v;
+    *bk = b;
+
+    /* 7. top_p: each thread a run of the order, its weight, the runs
+     * before it, then the first position reaching tau */
+    if (R.flags & MSV_GS_TOPP) {
+        const double    md = (double) m;
+        const uint32_t  per = (ns + MSV_GS_NT - 1) / MSV_GS_NT;
+        const uint32_t  a0 = threadIdx.x * per < ns ? threadIdx.x * per : ns;
+        const uint32_t  a1 = a0 + per < ns ? a0 + per : ns;
+        uint64_t        own = 0, pre, u, W = 0;
+        double          tau;
+
+        if (threadIdx.x == 0) {
+            first = UINT32_MAX;
         }
-    }
-    if (lane == 31) {
-        S.red[w][0] = pre;              /* the warp's total */
-    }
-    __syncthreads();
-    pre -= own;                         /* before this thread's run */
-    for (k = 0; k < MSV_GS_NW; k++) {
-        v = S.red[k][0];
-        pre += k < w ? v : 0;
-        W += v;
-    }
-    tau = (double) top_p * (double) W;
-    for (i = a0; i < a1; i++) {
-        pre += msv_weight((double) msv_fkey_value(~(uint32_t) (S.keys[i] >> 32))
-                          - md);
-        if ((double) pre >= tau) {
-            atomicMin(&first, i);
-            break;
+        for (i = a0; i < a1; i++) {
+            own += msv_weight((double) msv_fkey_value(~a[i]) - md);
         }
+        pre = own;
+        for (int o = 1; o < 32; o <<= 1) {
+            u = __shfl_up_sync(0xffffffffu, pre, o);
+            if (lane >= (uint32_t) o) {
+                pre += u;
+            }
+        }
+        if (lane == 31) {
+            S.red[w][0] = pre;          /* the warp's total */
+        }
+        __syncthreads();
+        pre -= own;                     /* before this thread's run */
+        for (k = 0; k < MSV_GS_NW; k++) {
+            u = S.red[k][0];
+            pre += k < w ? u : 0;
+            W += u;
+        }
+        tau = (double) R.top_p * (double) W;
+        for (i = a0; i < a1; i++) {
+            pre += msv_weight((double) msv_fkey_value(~a[i]) - md);
+            if ((double) pre >= tau) {
+                atomicMin(&first, i);
+                break;
+            }
+        }
+        __syncthreads();
+        j = first < ns ? first : ns - 1;    /* W >= tau: always found */
+        __syncthreads();                /* S.red and first are free again */
+        v = a[j];
+        fv = msv_gs_first_of(a, j + 1, v, &first);
+        id = msv_gs_cut(cl, S, xk + 2, z, ix, nn, c0, ~v, lo, b, j - fv + 1);
+        u = ((uint64_t) v << 32) | id;
+        b = u < b ? u : b;
     }
-    __syncthreads();
-    v = first < cnt ? S.keys[first] : S.keys[cnt - 1];
-    __syncthreads();                    /* before S.keys or S.red is reused */
-    return v;
+    __syncthreads();                    /* before S.k32 is reused */
+    return b;
 }
 
 
@@ -1159,38 +1210,36 @@ msv_gs_finish(cg::cluster_group &cl, msv_gs_smem &S,
 {
     const uint32_t  br = cl.block_rank();
     const uint32_t  fl = R.flags;
-    uint32_t        fl_p = fl;      /* TOPP cleared once the sort cut */
+    bool            sorted = false; /* both cuts made on the sorted set */
     uint64_t        bound = UINT64_MAX, bk = UINT64_MAX;
     uint32_t        i, id, r;
     float           x;
 
     MSV_GS_MARK(5);
 
-    /* 6. top_k: the k-th of the survivors, if there are more than k */
-    if (fl & MSV_GS_TOPK) {
-        if ((uint64_t) R.top_k < n1) {
-            bound = msv_gs_select_k(cl, S, xk, z, ix, nn, c0, lo, bound,
-                                    (uint64_t) R.top_k);
-            xk += 3;
-        }
-    }
-    bk = bound;
-
-    /* 7. top_p: integer weights, the first prefix reaching tau; a set
-     * block 0 holds alone is sorted when it is small enough */
-    if ((fl & MSV_GS_TOPP) && !(fl & MSV_GS_RADIX) && S.nr == 1
-        && (((fl & MSV_GS_TOPK) && (uint64_t) R.top_k <= MSV_GS_SORT)
-            || n1 <= MSV_GS_SORT))
+    /* 6-7 on a set block 0 holds alone, small enough to sort */
+    if (S.nr == 1 && nn <= MSV_GS_SORT && !(fl & MSV_GS_RADIX)
+        && (((fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1 && nn > 256)
+            || (fl & MSV_GS_TOPP)))
     {
-        uint64_t  q = msv_gs_topp_sorted(S, z, ix, nn, c0, lo, bound, m,
-                                         R.top_p);
-
-        if (q != UINT64_MAX) {
-            bound = q < bound ? q : bound;
-            fl_p = 0;
-        }
+        bound = msv_gs_sorted_cut(cl, S, R, xk, z, ix, nn, c0, lo, m, n1,
+                                  &bk);
+        xk += 4;
+        sorted = true;
     }
-    if (fl_p & MSV_GS_TOPP) {
+
+    /* 6. top_k: the k-th of the survivors, if there are more than k */
+    if (!sorted && (fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1) {
+        bound = msv_gs_select_k(cl, S, xk, z, ix, nn, c0, lo, bound,
+                                (uint64_t) R.top_k);
+        xk += 3;
+    }
+    if (!sorted) {
+        bk = bound;
+    }
+
+    /* 7. top_p: integer weights, the first prefix reaching tau */
+    if (!sorted && (fl & MSV_GS_TOPP)) {
         uint64_t  w = 0, above = 0, dummy = 0, q;
         uint32_t  prefix = 0, mask = 0, shift, digit;
         double    tau, d;
