@@ -3443,7 +3443,8 @@ msv_gsampler_clusters(const struct msv_gsampler *g, uint32_t nc)
     int                 n = 0;
 
     if (g->stream_on) {
-        return nc == 8 ? g->ncl[0] : nc == 4 ? g->ncl[1] : -1;
+        n = nc == 8 ? g->ncl[0] : nc == 4 ? g->ncl[1] : 0;
+        return n > 0 ? n : -1;
     }
     if (nc != MSV_GS_CLUSTER) {
         return -1;                      /* the resident kernel's is 8 */
