@@ -2,7 +2,8 @@
  * test_gpu_sampler.c: the GPU sampler (kernels/sampling.cu) against the
  * CPU sampler (worker/sampler.c, the reference) on the same logits:
  * random and adversarial rows (ties at the top-k boundary, flat rows, one
- * dominant token, -inf, NaN and +inf entries), every truncation, greedy,
+ * dominant token, -inf, NaN and +inf entries, values on a grid so that
+ * top_k and top_p cut inside a level of ties), every truncation, greedy,
  * penalties over several steps (the GPU keeps the counts), logit bias,
  * min_tokens, every mask mode and top logprobs; at the real vocabulary
  * size (151,936) and an odd one.  Tokens, supports and top ids must be
@@ -31,7 +32,7 @@
 #include "../../kernels/sampling.h"
 #endif
 
-#define ROWS     96
+#define ROWS     108      /* each shape with each top_k twice */
 #define STEPS    5
 #define MAX_LP   16
 #define LP_TOL   2e-6
@@ -75,7 +76,8 @@ struct row {
 
 static const char *shapes[] = {
     "gaussian", "wide gaussian", "ties at the top-k boundary", "flat",
-    "one dominant", "-inf entries", "NaN and +inf entries", "huge values"
+    "one dominant", "-inf entries", "NaN and +inf entries", "huge values",
+    "gaussian on a quarter-nat grid"
 };
 
 static void
@@ -95,7 +97,10 @@ fill_logits(float *z, uint32_t V, uint32_t shape)
         case 6:  z[i] = unif() < 0.01 ? NAN
                         : (unif() < 0.001 ? INFINITY : (float) gauss());
                  break;
-        default: z[i] = (float) (1e30 * gauss()); break;
+        case 7:  z[i] = (float) (1e30 * gauss()); break;
+        /* ties at every level, a few hundred ids a level where top_k
+         * 1000 and the top_p cuts fall: both cut inside a level */
+        default: z[i] = 0.25f * (float) (int) (12.0 * gauss()); break;
         }
     }
     if (shape == 4) {
@@ -111,7 +116,7 @@ make_row(struct row *r, uint32_t i, uint32_t V)
     uint32_t              j;
 
     memset(r, 0, sizeof(*r));
-    r->shape = i % 8;
+    r->shape = i % 9;
     r->p.max_tokens = 16;
     r->p.temperature = i % 13 == 0 ? 0.0f : (float) (0.3 + 1.2 * unif());
     r->p.top_k = ks[(i / 8) % 6] == -1 ? (int32_t) V : ks[(i / 8) % 6];
