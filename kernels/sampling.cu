@@ -613,13 +613,28 @@ msv_gs_bins(cg::cluster_group &cl, msv_gs_smem &S, const struct msv_gs_row &R,
                         : (ix != NULL ? c0 + ix[i] : c0 + (i)))
 #define MSV_GS_VAL(i)  (ix != NULL ? z[ix[i]] : z[i])
 
+/* Where a block scan keeps its warps' totals: 32-bit ones in S.wsum,
+ * 64-bit ones in S.red. */
+__device__ static uint32_t &
+msv_gs_wtot(msv_gs_smem &S, uint32_t w, uint32_t)
+{
+    return S.wsum[w];
+}
+
+__device__ static uint64_t &
+msv_gs_wtot(msv_gs_smem &S, uint32_t w, uint64_t)
+{
+    return S.red[w][0];
+}
+
 /* Exclusive prefix of v over the block's threads in order, and the
  * block's total. */
-__device__ static uint32_t
-msv_gs_xscan(msv_gs_smem &S, uint32_t v, uint32_t *total)
+template <typename T>
+__device__ static T
+msv_gs_xscan(msv_gs_smem &S, T v, T *total)
 {
-    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5, inc = v, o;
-    uint32_t  base = 0, tot = 0, c;
+    uint32_t  lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    T         inc = v, o, base = 0, tot = 0, c;
 
     for (int d = 1; d < 32; d <<= 1) {
         o = __shfl_up_sync(0xffffffffu, inc, d);
@@ -628,11 +643,11 @@ msv_gs_xscan(msv_gs_smem &S, uint32_t v, uint32_t *total)
         }
     }
     if (lane == 31) {
-        S.wsum[w] = inc;
+        msv_gs_wtot(S, w, v) = inc;
     }
     __syncthreads();
     for (uint32_t k = 0; k < MSV_GS_NW; k++) {
-        c = S.wsum[k];
+        c = msv_gs_wtot(S, k, v);
         base += k < w ? c : 0;
         tot += c;
     }
@@ -983,7 +998,6 @@ msv_gs_sorted_cut(cg::cluster_group &cl, msv_gs_smem &S,
 {
     __shared__ uint32_t  cnt, first;
     uint32_t * const     a = S.k32;
-    const uint32_t       lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     uint32_t             i, j, k, P, ns, v, fv, id;
     uint64_t             b = UINT64_MAX;
 
@@ -1046,7 +1060,7 @@ msv_gs_sorted_cut(cg::cluster_group &cl, msv_gs_smem &S,
         const uint32_t  per = (ns + MSV_GS_NT - 1) / MSV_GS_NT;
         const uint32_t  a0 = threadIdx.x * per < ns ? threadIdx.x * per : ns;
         const uint32_t  a1 = a0 + per < ns ? a0 + per : ns;
-        uint64_t        own = 0, pre, u, W = 0;
+        uint64_t        own = 0, pre, u, W;
         double          tau;
 
         if (threadIdx.x == 0) {
@@ -1055,23 +1069,7 @@ msv_gs_sorted_cut(cg::cluster_group &cl, msv_gs_smem &S,
         for (i = a0; i < a1; i++) {
             own += msv_weight((double) msv_fkey_value(~a[i]) - md);
         }
-        pre = own;
-        for (int o = 1; o < 32; o <<= 1) {
-            u = __shfl_up_sync(0xffffffffu, pre, o);
-            if (lane >= (uint32_t) o) {
-                pre += u;
-            }
-        }
-        if (lane == 31) {
-            S.red[w][0] = pre;          /* the warp's total */
-        }
-        __syncthreads();
-        pre -= own;                     /* before this thread's run */
-        for (k = 0; k < MSV_GS_NW; k++) {
-            u = S.red[k][0];
-            pre += k < w ? u : 0;
-            W += u;
-        }
+        pre = msv_gs_xscan(S, own, &W);     /* the runs before this one */
         tau = (double) R.top_p * (double) W;
         for (i = a0; i < a1; i++) {
             pre += msv_weight((double) msv_fkey_value(~a[i]) - md);
@@ -1082,7 +1080,7 @@ msv_gs_sorted_cut(cg::cluster_group &cl, msv_gs_smem &S,
         }
         __syncthreads();
         j = first < ns ? first : ns - 1;    /* W >= tau: always found */
-        __syncthreads();                /* S.red and first are free again */
+        __syncthreads();                /* first is free again */
         v = a[j];
         fv = msv_gs_first_of(a, j + 1, v, &first);
         id = msv_gs_cut(cl, S, xk + 2, z, ix, nn, c0, ~v, lo, b, j - fv + 1);
