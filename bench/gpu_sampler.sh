@@ -40,20 +40,28 @@ echo "== build"
 make -j"$(nproc)" B="$B" "$B/t/test_gpu_sampler" "$B/bench/gpu_sampler" \
     > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 
+# each switch's test runs even when one before it failed, so that the
+# failures name the path at fault; the script stops after them
+fail=0
 echo "== GPU sampler vs CPU sampler"
-"$B/t/test_gpu_sampler" | tee "$OUT/test_gpu_sampler.tap" | grep -v '^ok'
-grep 'by path' "$OUT/test_gpu_sampler.tap"
+"$B/t/test_gpu_sampler" | tee "$OUT/test_gpu_sampler.tap" | grep -v '^ok' \
+    || fail=1
+grep 'by path' "$OUT/test_gpu_sampler.tap" || true
 echo "== the same, 4 blocks a row"
 MSV_CUDA_SAMPLER_NC=4 "$B/t/test_gpu_sampler" \
-    | tee "$OUT/test_gpu_sampler_nc4.tap" | grep -v '^ok'
-grep 'by path' "$OUT/test_gpu_sampler_nc4.tap"
+    | tee "$OUT/test_gpu_sampler_nc4.tap" | grep -v '^ok' || fail=1
+grep 'by path' "$OUT/test_gpu_sampler_nc4.tap" || true
 echo "== the same, top_k and top_p by radix rounds only"
 MSV_CUDA_SAMPLER_SORT=0 "$B/t/test_gpu_sampler" \
-    | tee "$OUT/test_gpu_sampler_radix.tap" | grep -v '^ok'
+    | tee "$OUT/test_gpu_sampler_radix.tap" | grep -v '^ok' || fail=1
 if [ "${EXTRA:-1}" = 1 ]; then
     echo "== the same, the resident kernel alone"
     MSV_CUDA_SAMPLER_STREAM=0 "$B/t/test_gpu_sampler" \
-        | tee "$OUT/test_gpu_sampler_resident.tap" | grep -v '^ok'
+        | tee "$OUT/test_gpu_sampler_resident.tap" | grep -v '^ok' || fail=1
+fi
+if [ "$fail" != 0 ]; then
+    echo "gpu_sampler.sh: a test failed (above); no timings"
+    exit 1
 fi
 
 if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
