@@ -1227,12 +1227,12 @@ msv_gs_finish(cg::cluster_group &cl, msv_gs_smem &S,
     }
 
     /* 6. top_k: the k-th of the survivors, if there are more than k */
-    if (!sorted && (fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1) {
-        bound = msv_gs_select_k(cl, S, xk, z, ix, nn, c0, lo, bound,
-                                (uint64_t) R.top_k);
-        xk += 3;
-    }
     if (!sorted) {
+        if ((fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1) {
+            bound = msv_gs_select_k(cl, S, xk, z, ix, nn, c0, lo, bound,
+                                    (uint64_t) R.top_k);
+            xk += 3;
+        }
         bk = bound;
     }
 
