@@ -24,12 +24,17 @@
 #      with --batch-invariant, whose decode rate at batch 1, 64 and 256
 #      is measured beside, with the lengths of step 2 (the same mean
 #      context); its per-shape algorithm lines, from the worker log, go
-#      to $OUT/invariant_algos.txt.
+#      to $OUT/invariant_algos.txt;
+#   7. (case pf, not in the default CASES) batch 1 at each weight
+#      prefetch of PF_LIST (MSV_CUDA_PREFETCH, megabytes; default
+#      "0 16 32 0 16 32"), a worker started for each, in the default mode
+#      and with --batch-invariant.
 #
 #   bash bench/engine.sh            (B: build dir, default build-gpu;
 #                                    OUT: results, default $B/engine;
 #                                    CASES: a subset of "b1 b64 b256
-#                                    prefill inv", default all of them;
+#                                    prefill inv pf", default all but
+#                                    pf;
 #                                    MSV_CUDA_* reach the worker)
 # Needs a build with the CUDA backend (make B=$B bins) and python3.
 
@@ -179,6 +184,19 @@ if has inv; then
     run ib256 256 128 512
     stop
 fi
+
+if has pf; then
+    k=0
+    for v in ${PF_LIST:-0 16 32 0 16 32}; do
+        k=$((k + 1))
+        MSV_CUDA_PREFETCH=$v start
+        run "pf${k}_$v" 1 128 512
+        stop
+        MSV_CUDA_PREFETCH=$v start --batch-invariant
+        run "ipf${k}_$v" 1 128 512
+        stop
+    done
+fi
 trap - EXIT
 
 python3 - "$OUT" <<'PY' | tee "$OUT/table.txt"
@@ -216,6 +234,24 @@ for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib1", 1),
     print("%-6s %10.1f %10.1f %9.3f %9.3f %8.2f %8.3f %10.1f %7.2f" % (lab,
           b / wall * 1e3, b / (wall + gap) * 1e3, wall, gap,
           st.mean(x["graph"] for x in plain), fm, ft, fm / wall))
+pf = sorted((f[6:-4] for f in os.listdir(out)
+             if f.startswith("steps_") and "pf" in f and f.endswith(".txt")),
+            key=lambda x: (x.startswith("i"), int(x.split("_")[0][x.index("f") + 1:])))
+if pf:
+    print()
+    print("%-12s %6s %9s %9s %9s   (batch 1 by MSV_CUDA_PREFETCH MB; "
+          "i: --batch-invariant)" % ("run", "MB", "fwd_tok/s", "fwd_ms",
+                                     "gap_ms"))
+for lab in pf:
+    plain = [x for x in steps(lab) if x["seqs"] == 1 and x["tokens"] == 1
+             and x["detail"] == 0]
+    if not plain:
+        print("%-12s no steady steps" % lab)
+        continue
+    wall = st.median(x["wall_ms"] for x in plain)
+    gap = st.median(x["gap_ms"] for x in plain[1:] or plain)
+    print("%-12s %6s %9.1f %9.3f %9.3f" % (lab, lab.split("_")[1],
+          1 / wall * 1e3, wall, gap))
 print()
 print("%-6s %9s %9s %9s %9s %9s %9s   (detail steps, median ms)" % ("batch",
       "gpu", "gemm", "attn", "other", "copy", "host"))

@@ -123,6 +123,8 @@ struct msv_backend {
     int                       gu_bf16; /* gate/up product written bf16
                                           (bf16 precision, cuBLAS sizes) */
     int                       pdl;     /* programmatic launches allowed */
+    size_t                    pf_cap;  /* MSV_CUDA_PREFETCH, bytes */
+    int                       pf_on;   /* this pass asks weights into L2 */
     cudaStream_t              stream;
     cublasHandle_t            cublas;
 
@@ -1144,6 +1146,24 @@ msv_cuda_create(const struct msv_model_config *cfg,
         goto failed;
     }
 
+    /* MSV_CUDA_PREFETCH=MB (0 to 1024, 0 when unset): at batches whose
+     * products all take a GEMV, the kernel before each product asks up
+     * to MB megabytes of its weight into L2 (msv_cuda_pf) */
+    mode = getenv("MSV_CUDA_PREFETCH");
+    b->pf_cap = 0;
+    if (mode != NULL && mode[0] != '\0') {
+        char           *end;
+        unsigned long   mb;
+
+        mb = strtoul(mode, &end, 10);
+        if (*end != '\0' || mode[0] < '0' || mode[0] > '9' || mb > 1024) {
+            msv_cuda_err(err, errlen, "cuda: MSV_CUDA_PREFETCH=%s: expected "
+                         "megabytes, 0 to 1024", mode);
+            goto failed;
+        }
+        b->pf_cap = (size_t) mb << 20;
+    }
+
     /* MSV_CUDA_ATTN_STAGES=2|3|4: the decode kernel's K/V stages, chosen
      * by the grid when unset */
     mode = getenv("MSV_CUDA_ATTN_STAGES");
@@ -1461,10 +1481,37 @@ struct msv_cuda_plan {
 static void
 msv_cuda_pdl_for(struct msv_backend *b, uint32_t n)
 {
-    msv_cuda_pdl = b->pdl
-                   && (b->invariant
-                       ? n <= MSV_GEMV_FIXED_MAX && gemm_inv_fixed_all(&b->inv)
-                       : n <= MSV_GEMV_MAX);
+    int  gemv;
+
+    gemv = b->invariant
+           ? n <= MSV_GEMV_FIXED_MAX && gemm_inv_fixed_all(&b->inv)
+           : n <= MSV_GEMV_MAX;
+    msv_cuda_pdl = b->pdl && gemv;
+    b->pf_on = b->pf_cap > 0 && gemv;
+}
+
+
+/*
+ * What the kernel ahead of the product of w asks into L2: the first
+ * pf_cap bytes of w (all of it if smaller), in passes where every product
+ * is a GEMV (msv_cuda_pdl_for), else nothing.  Such a product reads each
+ * weight once at the memory's rate, and the kernels between two products
+ * (RMSNorm, q/k norm + RoPE, the attention) leave the bus idle: what the
+ * prefetch brings in meanwhile, the product reads from L2.
+ */
+static struct msv_l2pf
+msv_cuda_pf(const struct msv_backend *b, const struct msv_dmat *w)
+{
+    struct msv_l2pf  pf;
+    size_t           bytes;
+
+    pf.p = (const char *) w->p;
+    pf.bytes = 0;
+    if (b->pf_on) {
+        bytes = (size_t) w->rows * w->cols * (w->dtype == MSV_BF16 ? 2 : 4);
+        pf.bytes = (bytes < b->pf_cap ? bytes : b->pf_cap) / 16 * 16;
+    }
+    return pf;
 }
 
 
@@ -1487,7 +1534,8 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     /* attention block */
     f = msv_act_fmt_for(&L->qkv, b->split);
     MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, NULL, L->attn_norm, n,
-                                 c->hidden, c->rms_eps, b->stream),
+                                 c->hidden, c->rms_eps,
+                                 msv_cuda_pf(b, &L->qkv), b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_NORM);
     if (linear_forward(b->cublas, b->pin, &L->qkv, b->act, f, n, b->qkv, 0,
@@ -1511,6 +1559,7 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     qa.kv = *map;
     qa.kv.k_cache = (char *) b->kv + (size_t) l * 2 * kv_bytes;
     qa.kv.v_cache = (char *) qa.kv.k_cache + kv_bytes;
+    qa.pf = msv_cuda_pf(b, &L->o);      /* over RoPE and the attention */
     MSV_CUDA_TRY(qkv_rope_forward(&qa, b->stream), err, errlen);
     msv_cuda_mark(b, MSV_TM_ROPE);
 
@@ -1558,7 +1607,8 @@ msv_cuda_layer(struct msv_backend *b, uint32_t l, uint32_t n,
     /* MLP block */
     f = msv_act_fmt_for(&L->gate_up, b->split);
     MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, NULL, L->ffn_norm, n,
-                                 c->hidden, c->rms_eps, b->stream),
+                                 c->hidden, c->rms_eps,
+                                 msv_cuda_pf(b, &L->gate_up), b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_NORM);
     fd = msv_act_fmt_for(&L->down, b->split);
@@ -1661,7 +1711,8 @@ msv_cuda_head(struct msv_backend *b, uint32_t cap, uint32_t r0, uint32_t rc,
     f = msv_act_fmt_for(&b->lm_head, b->split);
     MSV_CUDA_TRY(rmsnorm_forward(b->act, f, b->x, b->meta_d + 4 * (size_t) cap
                                  + r0, b->final_norm, rc, c->hidden,
-                                 c->rms_eps, b->stream),
+                                 c->rms_eps, msv_cuda_pf(b, &b->lm_head),
+                                 b->stream),
                  err, errlen);
     msv_cuda_mark(b, MSV_TM_NORM);
     if (linear_forward(b->cublas, b->pin, &b->lm_head, b->act, f, rc, dst,

@@ -64,6 +64,41 @@ msv_grid_release(void)
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+/*
+ * A range of weights to bring into L2 ahead of the product that reads
+ * them: bytes from p, both multiples of 16 (bytes 0: none).  At small
+ * batch every product reads its weight once at the memory's rate, and
+ * the kernels between two products (the RMSNorm, the q/k norm and RoPE,
+ * the attention) barely use the bus; a kernel given a range asks for it
+ * with cp.async.bulk.prefetch (a hint: nothing waits for it, nothing is
+ * written), so that the next product finds part of its weight in L2
+ * (MSV_CUDA_PREFETCH, backend_cuda.cu).
+ */
+struct msv_l2pf {
+    const char  *p;
+    size_t       bytes;
+};
+
+#define MSV_L2PF_CHUNK  16384u      /* bytes a prefetch instruction asks */
+
+/* Every thread of the grid asks for its chunks of pf, in turn. */
+static __device__ __forceinline__ void
+msv_l2_prefetch(struct msv_l2pf pf)
+{
+    size_t    i, step;
+    uint32_t  n;
+
+    step = (size_t) gridDim.x * gridDim.y * blockDim.x * MSV_L2PF_CHUNK;
+    i = ((size_t) blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x
+        + threadIdx.x;
+    for (i *= MSV_L2PF_CHUNK; i < pf.bytes; i += step) {
+        n = (uint32_t) (pf.bytes - i < MSV_L2PF_CHUNK ? pf.bytes - i
+                                                      : MSV_L2PF_CHUNK);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
+                     :: "l"(pf.p + i), "r"(n) : "memory");
+    }
+}
+
 /* Whether msv_launch asks for programmatic dependent launch: set by the
  * backend (MSV_CUDA_PDL, on by default), off for other callers. */
 extern int  msv_cuda_pdl;

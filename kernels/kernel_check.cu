@@ -197,8 +197,9 @@ msv_check_rmsnorm(struct msv_check_bufs *bufs, float *out, int fmt,
     const float *x, uint32_t n_in_rows, const int32_t *rows, const float *w,
     uint32_t n_rows, uint32_t n, float eps, char *err, size_t errlen)
 {
-    void    *dx, *drows, *dw, *dout;
-    size_t   total;
+    void            *dx, *drows, *dw, *dout;
+    size_t           total;
+    struct msv_l2pf  pf;
 
     total = (size_t) n_rows * n;
     drows = NULL;
@@ -213,9 +214,13 @@ msv_check_rmsnorm(struct msv_check_bufs *bufs, float *out, int fmt,
         return -1;
     }
 
+    /* the input asked into L2 as well: the prefetch runs under the
+     * checks (and the sanitizer), and must not change the output */
+    pf.p = (const char *) dx;
+    pf.bytes = (size_t) n_in_rows * n * sizeof(float) / 16 * 16;
     MSV_CUDA_TRY(rmsnorm_forward(dout, fmt, (const float *) dx,
                                  (const int32_t *) drows,
-                                 (const float *) dw, n_rows, n, eps, 0),
+                                 (const float *) dw, n_rows, n, eps, pf, 0),
                  err, errlen);
     MSV_CUDA_TRY(cudaDeviceSynchronize(), err, errlen);
     return msv_check_act_get(out, dout, fmt, total, err, errlen);
@@ -323,6 +328,8 @@ msv_check_qkv_rope(struct msv_check_bufs *bufs, float *qkv, uint32_t n_heads,
     a.k_norm = (const float *) p[3];
     a.eps = eps;
     a.inv_freq = (const float *) p[4];
+    a.pf.p = (const char *) p[0];       /* asked into L2: no effect */
+    a.pf.bytes = kv->n_tokens * width * sizeof(float) / 16 * 16;
 
     MSV_CUDA_TRY(qkv_rope_forward(&a, 0), err, errlen);
     MSV_CUDA_TRY(cudaDeviceSynchronize(), err, errlen);

@@ -9,13 +9,15 @@
 
 static __global__ void
 rmsnorm_kernel(void *out, int fmt, const float *x, const int32_t *rows,
-    const float *w, uint32_t n_rows, uint32_t n, float eps)
+    const float *w, uint32_t n_rows, uint32_t n, float eps,
+    struct msv_l2pf pf)
 {
     __shared__ float  red[33];
     const float      *xr;
     uint32_t          r, i;
     float             ss, scale, v;
 
+    msv_l2_prefetch(pf);
     msv_grid_wait();
     msv_grid_release();
     r = blockIdx.x;
@@ -44,7 +46,8 @@ rmsnorm_kernel(void *out, int fmt, const float *x, const int32_t *rows,
 template <int NV>
 static __global__ void __launch_bounds__(MSV_NORM_THREADS)
 rmsnorm_vec_kernel(void *out, int fmt, const float *x, const int32_t *rows,
-    const float *w, uint32_t n_rows, uint32_t n, float eps)
+    const float *w, uint32_t n_rows, uint32_t n, float eps,
+    struct msv_l2pf pf)
 {
     __shared__ float  red[33];
     const float4     *xr, *wr;
@@ -65,6 +68,7 @@ rmsnorm_vec_kernel(void *out, int fmt, const float *x, const int32_t *rows,
         c = threadIdx.x + i * MSV_NORM_THREADS;
         g[i] = c < n4 ? __ldg(wr + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    msv_l2_prefetch(pf);
     msv_grid_wait();
     msv_grid_release();
     xr = (const float4 *) (x + (size_t) (rows != NULL ? (uint32_t) rows[r]
@@ -115,7 +119,7 @@ rmsnorm_vec_kernel(void *out, int fmt, const float *x, const int32_t *rows,
 cudaError_t
 rmsnorm_forward(void *out, int fmt, const float *x, const int32_t *rows,
     const float *w, uint32_t n_rows, uint32_t n, float eps,
-    cudaStream_t stream)
+    struct msv_l2pf pf, cudaStream_t stream)
 {
     cudaError_t  e;
     uint32_t     nv;
@@ -130,13 +134,13 @@ rmsnorm_forward(void *out, int fmt, const float *x, const int32_t *rows,
     {
         return msv_launch(rmsnorm_kernel, dim3(n_rows),
                           dim3(MSV_NORM_THREADS), 0, stream, out, fmt, x,
-                          rows, w, n_rows, n, eps);
+                          rows, w, n_rows, n, eps, pf);
     }
 
 #define MSV_NORM_VEC(NV)                                                     \
     e = msv_launch(rmsnorm_vec_kernel<NV>, dim3(n_rows),                     \
                    dim3(MSV_NORM_THREADS), 0, stream, out, fmt, x, rows, w,  \
-                   n_rows, n, eps)
+                   n_rows, n, eps, pf)
 
     if (nv <= 1) {
         MSV_NORM_VEC(1);

@@ -43,6 +43,7 @@ qkv_rope_kernel(struct msv_qkv_args a)
     const float             *nw;
     int                      is_q, is_k, is_v, p;
 
+    msv_l2_prefetch(a.pf);
     t = blockIdx.x;
     h = blockIdx.y;
     hd = a.head_dim;
@@ -126,6 +127,7 @@ qkv_rope_warp_kernel(struct msv_qkv_args a)
     const float  *nw;
     int           is_q, is_k, p, i;
 
+    msv_l2_prefetch(a.pf);
     msv_grid_wait();
     msv_grid_release();
     t = blockIdx.x;

@@ -43,6 +43,7 @@ struct msv_qkv_args {
     float           eps;
     const float    *inv_freq;   /* [head_dim / 2] */
     struct msv_kv_map  kv;      /* k_cache NULL: no store */
+    struct msv_l2pf    pf;      /* asked into L2 (msv_l2_prefetch) */
 };
 
 cudaError_t qkv_rope_forward(const struct msv_qkv_args *a,
