@@ -29,6 +29,17 @@
  *                    floor of sending by reference, and not safe; the
  *                    bodies that arrived changed are counted
  *
+ *   writev-thp       into anonymous memory mapped for the body in 2 MB
+ *                    huge pages (madvise MADV_HUGEPAGE, where transparent
+ *                    huge pages are on), sent with writev, unmapped after
+ *                    it: what a fresh huge page costs
+ *   vmsplice-fresh   into fresh 4 KB anonymous pages handed to a pipe by
+ *                    vmsplice (referenced, not copied), then to the
+ *                    socket by splice, unmapped after it: safe, since a
+ *                    page the socket still references outlives the
+ *                    mapping and is never written again
+ *   vmsplice-thp     the same from fresh 2 MB pages (one fault a body)
+ *
  * Each method has its own connection, drained by a child process that
  * checks every byte of every body (body k holds (i + k) mod 256 at i).
  * Times are the sending thread's user + system CPU time (getrusage),
@@ -58,15 +69,17 @@
 #define PIECE        16384          /* NGX_HTTP_MASKSERVE_BODY_BUF */
 #define IOVS         64             /* NGX_IOVS_PREALLOCATE */
 #define MAX_REPEATS  64
+#define HUGE_PAGE    (2u << 20)
+#define PIPE_BYTES   (1u << 20)     /* the pipe of the vmsplice methods */
 
 typedef enum {
     M_WRITEV, M_WRITEV_FRESH, M_MEMFD_ALONE, M_SENDFILE_FRESH,
-    M_SENDFILE_REUSED, M_N
+    M_SENDFILE_REUSED, M_WRITEV_THP, M_VMSPLICE_FRESH, M_VMSPLICE_THP, M_N
 } method_t;
 
 static const char  *method_name[M_N] = {
     "writev", "writev-fresh", "memfd-alone", "sendfile-fresh",
-    "sendfile-reused"
+    "sendfile-reused", "writev-thp", "vmsplice-fresh", "vmsplice-thp"
 };
 
 typedef struct {
@@ -81,6 +94,7 @@ typedef struct {
 } conn_t;
 
 static char    *pattern;            /* (i mod 256), body + 256 bytes */
+static int      splice_pipe[2];
 
 
 static void
@@ -279,13 +293,77 @@ memfd_map(size_t body, int *fd)
 }
 
 
+/*
+ * Fresh anonymous memory for a body, 2 MB aligned, in huge pages when
+ * huge (MADV_HUGEPAGE); its mapped length in *len.
+ */
+static char *
+anon_map(size_t body, int huge, size_t *len)
+{
+    char    *m, *a;
+    size_t   l;
+
+    l = (body + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    m = mmap(NULL, l + HUGE_PAGE, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        die("send_bench: mmap");
+    }
+
+    /* keep the aligned l bytes, give back the rest */
+    a = (char *) (((uintptr_t) m + HUGE_PAGE - 1)
+                  & ~(uintptr_t) (HUGE_PAGE - 1));
+    if (a > m) {
+        munmap(m, (size_t) (a - m));
+    }
+    munmap(a + l, (size_t) (m + l + HUGE_PAGE - (a + l)));
+
+    if (huge && madvise(a, l, MADV_HUGEPAGE) != 0) {
+        die("send_bench: madvise (transparent huge pages off?)");
+    }
+
+    *len = l;
+    return a;
+}
+
+
+/* The body's pages into the pipe (vmsplice), then into the socket. */
+
+static void
+send_splice(conn_t *c, char *b)
+{
+    size_t        off, left;
+    ssize_t       n, s;
+    struct iovec  v;
+
+    for (off = 0; off < c->body; off += (size_t) n) {
+        v.iov_base = b + off;
+        v.iov_len = c->body - off < PIPE_BYTES ? c->body - off : PIPE_BYTES;
+
+        n = vmsplice(splice_pipe[1], &v, 1, 0);
+        if (n <= 0) {
+            die("send_bench: vmsplice");
+        }
+
+        for (left = (size_t) n; left > 0; left -= (size_t) s) {
+            s = splice(splice_pipe[0], NULL, c->fd, NULL, left,
+                       SPLICE_F_MOVE | SPLICE_F_MORE);
+            if (s <= 0) {
+                die("send_bench: splice");
+            }
+        }
+    }
+}
+
+
 /* Write body c->k and send it the method's way. */
 
 static void
 one_body(conn_t *c, method_t m)
 {
-    int    fd;
-    char  *b;
+    int     fd;
+    char   *b;
+    size_t  len;
 
     switch (m) {
 
@@ -314,6 +392,19 @@ one_body(conn_t *c, method_t m)
         }
         munmap(b, c->body);
         close(fd);
+        break;
+
+    case M_WRITEV_THP:
+    case M_VMSPLICE_FRESH:
+    case M_VMSPLICE_THP:
+        b = anon_map(c->body, m != M_VMSPLICE_FRESH, &len);
+        memcpy(b, pattern + c->k % 256, c->body);
+        if (m == M_WRITEV_THP) {
+            send_writev(c, b);
+        } else {
+            send_splice(c, b);
+        }
+        munmap(b, len);
         break;
 
     default: /* M_SENDFILE_REUSED */
@@ -355,6 +446,12 @@ main(int argc, char **argv)
         fprintf(stderr, "usage: %s [body_kb [seconds [repeats (1-%d)]]]\n",
                 argv[0], MAX_REPEATS);
         return 2;
+    }
+
+    if (pipe(splice_pipe) != 0
+        || fcntl(splice_pipe[1], F_SETPIPE_SZ, (int) PIPE_BYTES) < 0)
+    {
+        die("send_bench: the vmsplice methods' pipe");
     }
 
     pattern = malloc(body + 256);
