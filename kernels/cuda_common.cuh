@@ -95,7 +95,8 @@ msv_l2_prefetch(struct msv_l2pf pf)
         n = (uint32_t) (pf.bytes - i < MSV_L2PF_CHUNK ? pf.bytes - i
                                                       : MSV_L2PF_CHUNK);
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
-                     :: "l"(pf.p + i), "r"(n) : "memory");
+                     :: "l"(__cvta_generic_to_global(pf.p + i)), "r"(n)
+                     : "memory");
     }
 }
 
