@@ -109,6 +109,7 @@ main(int argc, char **argv)
     double                 cyc[7];
     float                 *h, *hv, *d, *ds[NSET];
     unsigned long long     pa[3], pb[3], pv[3];
+    long long              sa = 0;
     uint8_t               *dst;
     size_t                 dst_bytes;
     double                 km[64], cm[64], pm[4][64], kmed, cmed, bytes;
@@ -235,6 +236,7 @@ main(int argc, char **argv)
                     d = ds[r % nset];
                     if (r == 2) {
                         msv_gsampler_paths(g, pa);
+                        sa = msv_gsampler_sorted(g);
                     }
                     if (verbose) {
                         msv_gsampler_paths(g, pv);
@@ -281,8 +283,9 @@ main(int argc, char **argv)
                 cmed = cm[reps / 2];
                 if (msv_gsampler_paths(g, pb) == 1) {
                     printf("  rows by path in the timed steps: predicted "
-                           "%llu, histogram %llu, resident %llu\n",
-                           pb[0] - pa[0], pb[1] - pa[1], pb[2] - pa[2]);
+                           "%llu, histogram %llu, resident %llu; cut on a "
+                           "sort %lld\n", pb[0] - pa[0], pb[1] - pa[1],
+                           pb[2] - pa[2], msv_gsampler_sorted(g) - sa);
                 }
                 printf("batch %u, %s, mask %s, %u blocks a row: kernels %.4f "
                        "ms (uploads %.4f, streaming %.4f, resident %.4f, "

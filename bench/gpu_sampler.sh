@@ -12,7 +12,9 @@
 #      of row takes that path too), with top_k and top_p by radix rounds only
 #      (MSV_CUDA_SAMPLER_SORT=0) and with the resident kernel alone
 #      (MSV_CUDA_SAMPLER_STREAM=0);
-#   3. the same under compute-sanitizer (memcheck) when it is there;
+#   3. the same under compute-sanitizer when it is there: memcheck, and
+#      racecheck (shared memory) and synccheck (barriers) on 4 blocks a
+#      row;
 #   4. bench/gpu_sampler: kernels and copy per step, batch 64 and 256, on
 #      logits that change every step (the default, the cluster size
 #      forced to 8 blocks a row, and the cuts by radix rounds only,
@@ -24,6 +26,10 @@
 # EXTRA=0 leaves out the runs that do not compare the cluster sizes (the
 # resident kernel alone, in the test, under the sanitizer and timed, and
 # the same-logits timing), for a call that also runs the worker.
+# Each test run is stopped after TEST_TIMEOUT seconds (default 300; a hang
+# on a barrier fails the run instead of holding the machine), each
+# sanitizer run after SAN_TIMEOUT (default 120).  RACE= (empty) leaves
+# out racecheck and synccheck.
 
 set -eu -o pipefail
 cd "$(dirname "$0")/.."
@@ -43,20 +49,22 @@ make -j"$(nproc)" B="$B" "$B/t/test_gpu_sampler" "$B/bench/gpu_sampler" \
 # each switch's test runs even when one before it failed, so that the
 # failures name the path at fault; the script stops after them
 fail=0
+T=${TEST_TIMEOUT:-300}
+ST=${SAN_TIMEOUT:-120}
 echo "== GPU sampler vs CPU sampler"
-"$B/t/test_gpu_sampler" | tee "$OUT/test_gpu_sampler.tap" | grep -v '^ok' \
+timeout "$T" "$B/t/test_gpu_sampler" | tee "$OUT/test_gpu_sampler.tap" | grep -v '^ok' \
     || fail=1
-grep 'by path' "$OUT/test_gpu_sampler.tap" || true
+grep 'by path\|on a sort' "$OUT/test_gpu_sampler.tap" || true
 echo "== the same, 4 blocks a row"
-MSV_CUDA_SAMPLER_NC=4 "$B/t/test_gpu_sampler" \
+MSV_CUDA_SAMPLER_NC=4 timeout "$T" "$B/t/test_gpu_sampler" \
     | tee "$OUT/test_gpu_sampler_nc4.tap" | grep -v '^ok' || fail=1
-grep 'by path' "$OUT/test_gpu_sampler_nc4.tap" || true
+grep 'by path\|on a sort' "$OUT/test_gpu_sampler_nc4.tap" || true
 echo "== the same, top_k and top_p by radix rounds only"
-MSV_CUDA_SAMPLER_SORT=0 "$B/t/test_gpu_sampler" \
+MSV_CUDA_SAMPLER_SORT=0 timeout "$T" "$B/t/test_gpu_sampler" \
     | tee "$OUT/test_gpu_sampler_radix.tap" | grep -v '^ok' || fail=1
 if [ "${EXTRA:-1}" = 1 ]; then
     echo "== the same, the resident kernel alone"
-    MSV_CUDA_SAMPLER_STREAM=0 "$B/t/test_gpu_sampler" \
+    MSV_CUDA_SAMPLER_STREAM=0 timeout "$T" "$B/t/test_gpu_sampler" \
         | tee "$OUT/test_gpu_sampler_resident.tap" | grep -v '^ok' || fail=1
 fi
 if [ "$fail" != 0 ]; then
@@ -65,16 +73,28 @@ if [ "$fail" != 0 ]; then
 fi
 
 if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
-    echo "== compute-sanitizer (memcheck)"
     if [ "${EXTRA:-1}" = 1 ]; then
-        MSV_GS_QUICK=1 compute-sanitizer --tool memcheck --leak-check no \
-            "$B/t/test_gpu_sampler" > "$OUT/sanitizer.log" 2>&1 || true
-        grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer.log" | head
+        echo "== compute-sanitizer (memcheck)"
+        MSV_GS_QUICK=1 timeout "$ST" compute-sanitizer --tool memcheck \
+            --leak-check no "$B/t/test_gpu_sampler" > "$OUT/sanitizer.log" \
+            2>&1 || true
+        grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer.log" | head || true
     fi
-    MSV_GS_QUICK=1 MSV_CUDA_SAMPLER_NC=4 compute-sanitizer --tool memcheck \
-        --leak-check no "$B/t/test_gpu_sampler" > "$OUT/sanitizer_nc4.log" \
-        2>&1 || true
-    grep -E "ERROR SUMMARY|^not ok" "$OUT/sanitizer_nc4.log" | head
+    # racecheck and synccheck are slow: V = 4,099 alone (MSV_GS_QUICK=2)
+    for tool in memcheck ${RACE-racecheck synccheck}; do
+        echo "== compute-sanitizer ($tool), 4 blocks a row"
+        q=2
+        opt=
+        if [ "$tool" = memcheck ]; then
+            q=1
+            opt="--leak-check no"
+        fi
+        MSV_GS_QUICK=$q MSV_CUDA_SAMPLER_NC=4 timeout "$ST" \
+            compute-sanitizer --tool "$tool" $opt "$B/t/test_gpu_sampler" \
+            > "$OUT/sanitizer_${tool}_nc4.log" 2>&1 || echo "(exit $?)"
+        grep -E "ERROR SUMMARY|^not ok|RACECHECK SUMMARY" \
+            "$OUT/sanitizer_${tool}_nc4.log" | head || true
+    done
 fi
 
 for k in 1 2; do

@@ -189,7 +189,8 @@ struct msv_gsampler {
     unsigned long long  *d_paths;    /* rows a path took: predicted,
                                         histogram, resident; [3]: rows
                                         the streaming kernel left to the
-                                        resident kernel */
+                                        resident kernel; [4]: rows it cut
+                                        on the sort */
     unsigned long long  *h_left;     /* pinned: [3] after the last run */
     unsigned long long   left_seen;  /* [3] before it */
     int32_t             *d_ids;      /* [max_rows][vocab] support ids */
@@ -1192,6 +1193,24 @@ msv_gs_emit_max(const struct msv_gs_row &R, uint32_t ri, uint32_t V,
 
 
 /*
+ * Whether msv_gs_finish makes the cuts of a set on the sort
+ * (msv_gs_sorted_cut): block 0 holds it alone, small enough, the sort
+ * not turned off, and a cut to make (top_k alone on 256 or fewer keeps
+ * its rank count).
+ */
+__device__ static __forceinline__ bool
+msv_gs_sorts(const msv_gs_smem &S, const struct msv_gs_row &R, uint32_t nn,
+    uint64_t n1)
+{
+    const uint32_t  fl = R.flags;
+
+    return S.nr == 1 && nn <= MSV_GS_SORT && !(fl & MSV_GS_RADIX)
+           && (((fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1 && nn > 256)
+               || (fl & MSV_GS_TOPP));
+}
+
+
+/*
  * Stages 6-9 (top_k, top_p, the race, capture) and the history update,
  * over what each block holds: its slice, its candidates, or (S.nr == 1)
  * every candidate of the row in block 0.  Returns the rank-key bound
@@ -1216,10 +1235,7 @@ msv_gs_finish(cg::cluster_group &cl, msv_gs_smem &S,
     MSV_GS_MARK(5);
 
     /* 6-7 on a set block 0 holds alone, small enough to sort */
-    if (S.nr == 1 && nn <= MSV_GS_SORT && !(fl & MSV_GS_RADIX)
-        && (((fl & MSV_GS_TOPK) && (uint64_t) R.top_k < n1 && nn > 256)
-            || (fl & MSV_GS_TOPP)))
-    {
+    if (msv_gs_sorts(S, R, nn, n1)) {
         bound = msv_gs_sorted_cut(cl, S, R, xk, z, ix, nn, c0, lo, m, n1,
                                   &bk);
         xk += 4;
@@ -2451,6 +2467,9 @@ msv_sample_stream_kernel(const float *logits, uint32_t V, uint32_t chunk,
         st.pred_g[R.slot] = g;
         slow[ri] = 0;
         atomicAdd(&paths[hit ? 0 : 1], 1ull);
+        if (msv_gs_sorts(S, R, nn, n1)) {
+            atomicAdd(&paths[4], 1ull);
+        }
     }
 }
 
@@ -2647,10 +2666,13 @@ msv_gs_err(char *err, size_t errlen, const char *what, cudaError_t e)
     return -1;
 }
 
+/* A failed call's error is reported once: a launch's (not sticky) is also
+ * taken off the runtime, lest the next run's cudaGetLastError report it */
 #define MSV_GS_TRY(call, what)                                           \
     do {                                                                 \
         cudaError_t  e_ = (call);                                        \
         if (e_ != cudaSuccess) {                                         \
+            (void) cudaGetLastError();                                   \
             return msv_gs_err(err, errlen, (what), e_);                  \
         }                                                                \
     } while (0)
@@ -2917,7 +2939,7 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
                         "predicted gaps") != 0
         || msv_gs_alloc((void **) &g->d_slow, R * 4, err, errlen,
                         "resident rows") != 0
-        || msv_gs_alloc((void **) &g->d_paths, 4 * 8, err, errlen,
+        || msv_gs_alloc((void **) &g->d_paths, 5 * 8, err, errlen,
                         "path counts") != 0
         || msv_gs_alloc((void **) &g->d_rows, R * sizeof(msv_gs_row), err,
                         errlen, "rows") != 0
@@ -2945,7 +2967,7 @@ msv_gsampler_new(uint32_t vocab, uint32_t max_rows, uint32_t max_slots,
         /* no prediction yet: NaN */
         || (e = cudaMemset(g->st.pred_t, 0xff, max_slots * 4)) != cudaSuccess
         || (e = cudaMemset(g->st.pred_g, 0xff, max_slots * 4)) != cudaSuccess
-        || (e = cudaMemset(g->d_paths, 0, 4 * 8)) != cudaSuccess
+        || (e = cudaMemset(g->d_paths, 0, 5 * 8)) != cudaSuccess
         || (e = cudaMemset(g->st.n_mask, 0, max_slots * 4)) != cudaSuccess
         || (e = cudaMallocHost((void **) &g->h_rows,
                                R * sizeof(msv_gs_row))) != cudaSuccess
@@ -3421,7 +3443,7 @@ msv_gsampler_profile(struct msv_gsampler *g, double cycles[7])
 extern "C" int
 msv_gsampler_paths(struct msv_gsampler *g, unsigned long long paths[3])
 {
-    unsigned long long  h[4];
+    unsigned long long  h[5];
 
     if (cudaMemcpy(h, g->d_paths, sizeof(h), cudaMemcpyDeviceToHost)
         != cudaSuccess)
@@ -3431,6 +3453,21 @@ msv_gsampler_paths(struct msv_gsampler *g, unsigned long long paths[3])
     }
     memcpy(paths, h, 3 * sizeof(h[0]));
     return g->stream_on;
+}
+
+
+extern "C" long long
+msv_gsampler_sorted(struct msv_gsampler *g)
+{
+    unsigned long long  h;
+
+    if (cudaMemcpy(&h, g->d_paths + 4, sizeof(h), cudaMemcpyDeviceToHost)
+        != cudaSuccess)
+    {
+        cudaGetLastError();
+        return -1;
+    }
+    return (long long) h;
 }
 
 

@@ -82,6 +82,11 @@ int msv_gsampler_profile(struct msv_gsampler *g, double cycles[7]);
  * every row is the resident kernel's), -1 on a device error. */
 int msv_gsampler_paths(struct msv_gsampler *g, unsigned long long paths[3]);
 
+/* Rows whose top_k and top_p cuts the streaming kernel made on a sort of
+ * the set (docs/SAMPLER.md section 9) since the sampler was made; -1 on
+ * a device error. */
+long long msv_gsampler_sorted(struct msv_gsampler *g);
+
 /* Clusters of nc blocks (8, or 4 for the streaming kernel) of the
  * sampling kernel (the streaming one when it runs) the device runs at
  * once (-1: unknown, or no such launch). */

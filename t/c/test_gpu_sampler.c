@@ -14,7 +14,9 @@
  * first run packed.
  *
  * Without CUDA in the build, or without a GPU, the test says so and
- * skips (TAP "1..0 # SKIP").
+ * skips (TAP "1..0 # SKIP").  MSV_GS_QUICK=1 runs the smaller sizes alone
+ * (under compute-sanitizer's memcheck), MSV_GS_QUICK=2 V = 4,099 alone
+ * (racecheck, synccheck).
  */
 
 #include <math.h>
@@ -32,7 +34,7 @@
 #include "../../kernels/sampling.h"
 #endif
 
-#define ROWS     108      /* each shape with each top_k twice */
+#define ROWS     108      /* each shape with each top_k twice (make_row) */
 #define STEPS    5
 #define MAX_LP   16
 #define LP_TOL   2e-6
@@ -119,8 +121,10 @@ make_row(struct row *r, uint32_t i, uint32_t V)
     r->shape = i % 9;
     r->p.max_tokens = 16;
     r->p.temperature = i % 13 == 0 ? 0.0f : (float) (0.3 + 1.2 * unif());
-    r->p.top_k = ks[(i / 8) % 6] == -1 ? (int32_t) V : ks[(i / 8) % 6];
-    r->p.top_p = ps[(i / 3) % 3];
+    /* row i = 9 a + shape: each shape meets each top_k twice (a % 6),
+     * with two different top_p, and each top_p four times */
+    r->p.top_k = ks[(i / 9) % 6] == -1 ? (int32_t) V : ks[(i / 9) % 6];
+    r->p.top_p = ps[(i / 9 + i / 54 + i % 9) % 3];
     r->p.min_p = i % 5 == 0 ? 0.05f : 0.0f;
     r->p.repetition_penalty = i % 7 == 1 ? 1.3f : 1.0f;
     r->p.frequency_penalty = i % 9 == 2 ? 0.4f : 0.0f;
@@ -367,6 +371,24 @@ run_vocab(uint32_t V, int all_fast)
                    "(MSV_CUDA_SAMPLER_STREAM=0)", V);
         }
     }
+    {
+        /* the cuts made on a sort (set in block 0, at most 2,048) ran on
+         * some rows, unless turned off; the rounds made the others */
+        long long    ns = msv_gsampler_sorted(g);
+        const char  *sort = getenv("MSV_CUDA_SAMPLER_SORT");
+        int          off = sort != NULL && strcmp(sort, "0") == 0;
+        const char  *st = getenv("MSV_CUDA_SAMPLER_STREAM");
+
+        if (st != NULL && strcmp(st, "0") == 0) {
+            tap_ok(ns == 0, "V %u: no cut on a sort counted without the "
+                   "streaming kernel (%lld)", V, ns);
+        } else if (off) {
+            tap_ok(ns == 0, "V %u: no cut on a sort with "
+                   "MSV_CUDA_SAMPLER_SORT=0 (%lld)", V, ns);
+        } else {
+            tap_ok(ns > 0, "V %u: %lld rows cut on a sort", V, ns);
+        }
+    }
     tap_ok(n_same == n_rows, "V %u: %llu of %llu rows identical in token, "
            "support and top ids (%llu support ids)", V,
            (unsigned long long) n_same, (unsigned long long) n_rows,
@@ -537,6 +559,9 @@ main(void)
     }
     if (getenv("MSV_GS_QUICK") != NULL) {      /* under a memory checker */
         run_vocab(4099, 0);
+        if (strcmp(getenv("MSV_GS_QUICK"), "2") == 0) {
+            return tap_done();                 /* racecheck, synccheck */
+        }
         run_vocab(32003, 1);
         copy_beside_run(4099);
         return tap_done();
