@@ -14,7 +14,8 @@
  *      both, logits compared step by step, in both precisions (MSV_CUDA_ACT
  *      split and bf16) and in bf16 batch invariant (MSV_CUDA_INVARIANT=1):
  *      the tiny preset, its weights rounded to bf16, each fixture, and
- *      qwen3-0.6b (dummy bf16; not with -q).
+ *      qwen3-0.6b (dummy bf16; not with -q); and CUDA against CUDA with
+ *      MSV_CUDA_PREFETCH=64 (weights asked into L2), bit for bit.
  *   4. Each fixture in t/fixtures (config.json, model.safetensors,
  *      ref.json, ref.bin; made by tools/make_fixtures.py), loaded once,
  *      against its Hugging Face float64 logits on every backend: (a) each
@@ -174,6 +175,18 @@ check_api(const struct msv_model_config *cfg, const struct msv_weights *w)
         && strstr(err, "MSV_CUDA_ACT") != NULL,
         "MSV_CUDA_ACT=bogus is refused with a message naming it");
     unsetenv("MSV_CUDA_ACT");
+
+    setenv("MSV_CUDA_PREFETCH", "2000", 1);
+    err[0] = '\0';
+    API(msv_kvd_create(ops, cfg, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
+        && strstr(err, "MSV_CUDA_PREFETCH") != NULL,
+        "MSV_CUDA_PREFETCH=2000 is refused with a message naming it");
+    setenv("MSV_CUDA_PREFETCH", "16MB", 1);
+    err[0] = '\0';
+    API(msv_kvd_create(ops, cfg, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
+        && strstr(err, "MSV_CUDA_PREFETCH") != NULL,
+        "MSV_CUDA_PREFETCH=16MB is refused with a message naming it");
+    unsetenv("MSV_CUDA_PREFETCH");
 
     b = msv_kvd_create(ops, cfg, w, 4, 64, 64, 1, err, sizeof(err));
     if (b == NULL) {
@@ -374,11 +387,18 @@ chk_any_bf16(const struct msv_weights *w)
 }
 
 
-/* The schedule through both backends; records the largest error. */
+/*
+ * The schedule through both backends; records the largest error.  With
+ * pf_mb > 0 the two are CUDA backends alike but for MSV_CUDA_PREFETCH
+ * (unset against pf_mb megabytes): asking weights into L2 must not change
+ * a bit (tol 0).
+ */
 static void
 check_model(const char *name, const struct msv_model_config *cfg,
-    const struct msv_weights *w, const char *act, int invariant, double tol)
+    const struct msv_weights *w, const char *act, int invariant, double tol,
+    int pf_mb)
 {
+    char        mb[16];
     struct duo  d;
     char        err[512];
     uint32_t    s[4], n[4], i;
@@ -386,7 +406,7 @@ check_model(const char *name, const struct msv_model_config *cfg,
     memset(&d, 0, sizeof(d));
     d.name = name;
     d.vocab = cfg->vocab_size;
-    d.ops[0] = &msv_backend_cpu;
+    d.ops[0] = pf_mb > 0 ? msv_backend_cuda() : &msv_backend_cpu;
     d.ops[1] = msv_backend_cuda();
     d.max_rows = CHK_MAX_LEN;
     d.out[0] = chk_alloc(d.max_rows * d.vocab * sizeof(float));
@@ -400,8 +420,13 @@ check_model(const char *name, const struct msv_model_config *cfg,
         chk_fail("%s: cpu create: %s", name, err);
         goto done;
     }
+    if (pf_mb > 0) {
+        snprintf(mb, sizeof(mb), "%d", pf_mb);
+        setenv("MSV_CUDA_PREFETCH", mb, 1);
+    }
     d.b[1] = msv_kvd_create(d.ops[1], cfg, w, CHK_MAX_SEQS, CHK_MAX_LEN, 0,
                               chk_threads, err, sizeof(err));
+    unsetenv("MSV_CUDA_PREFETCH");
     if (d.b[1] == NULL) {
         chk_fail("%s: cuda create: %s", name, err);
         goto done;
@@ -434,7 +459,11 @@ check_model(const char *name, const struct msv_model_config *cfg,
     STEP(0, 5, 1, 0, 1, 7, 1, 3, 1);
 #undef STEP
 
-    if (!d.broken) {
+    if (!d.broken && pf_mb > 0) {
+        chk_record(d.err, tol, "%s cuda prefetch %d MB vs none (%d "
+                   "steps)%s", name, pf_mb, d.step, invariant
+                   ? " invariant" : "");
+    } else if (!d.broken) {
         chk_record(d.err, tol, "%s cuda vs cpu (%d steps)%s%s", name,
                    d.step, chk_any_bf16(w) && strcmp(act, "bf16") == 0
                    ? " bf16 act" : "", invariant ? " invariant" : "");
@@ -463,9 +492,13 @@ check_model_modes(const char *name, const struct msv_model_config *cfg,
      * activations for bf16 weights); bf16 batch invariant: every product
      * through its pinned cuBLASLt algorithm, the lm_head included */
     check_model(name, cfg, w, "split", 0,
-                chk_any_bf16(w) ? CHK_TOL_BF16 : CHK_TOL_F32);
-    check_model(name, cfg, w, "bf16", 0, CHK_TOL_BF16_ACT);
-    check_model(name, cfg, w, "bf16", 1, CHK_TOL_BF16_ACT);
+                chk_any_bf16(w) ? CHK_TOL_BF16 : CHK_TOL_F32, 0);
+    check_model(name, cfg, w, "bf16", 0, CHK_TOL_BF16_ACT, 0);
+    check_model(name, cfg, w, "bf16", 1, CHK_TOL_BF16_ACT, 0);
+    /* the weights asked into L2 ahead of each product (decode steps of
+     * at most 8 rows): the same bits */
+    check_model(name, cfg, w, "bf16", 0, 0.0, 64);
+    check_model(name, cfg, w, "bf16", 1, 0.0, 64);
 }
 
 
