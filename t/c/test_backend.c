@@ -151,6 +151,12 @@ check_api(const struct msv_model_config *cfg, const struct msv_weights *w)
     static const uint32_t          bad_page[1] = { 1u << 30 };
     const uint32_t                *bad_tab[1] = { bad_page };
     uint32_t                       bad_n[1] = { 1 };
+    size_t                         i;
+    static const char             *bad_env[][2] = {
+        { "MSV_CUDA_ACT", "bogus" },
+        { "MSV_CUDA_PREFETCH", "2000" },
+        { "MSV_CUDA_PREFETCH", "16MB" },
+    };
 
     lg = chk_alloc(4 * (size_t) cfg->vocab_size * sizeof(float));
 
@@ -169,24 +175,24 @@ check_api(const struct msv_model_config *cfg, const struct msv_weights *w)
     API(msv_kvd_create(ops, &bad, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
         && err[0] != '\0', "odd head_dim is refused with a message");
 
-    setenv("MSV_CUDA_ACT", "bogus", 1);
-    err[0] = '\0';
-    API(msv_kvd_create(ops, cfg, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
-        && strstr(err, "MSV_CUDA_ACT") != NULL,
-        "MSV_CUDA_ACT=bogus is refused with a message naming it");
-    unsetenv("MSV_CUDA_ACT");
-
-    setenv("MSV_CUDA_PREFETCH", "2000", 1);
-    err[0] = '\0';
-    API(msv_kvd_create(ops, cfg, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
-        && strstr(err, "MSV_CUDA_PREFETCH") != NULL,
-        "MSV_CUDA_PREFETCH=2000 is refused with a message naming it");
-    setenv("MSV_CUDA_PREFETCH", "16MB", 1);
-    err[0] = '\0';
-    API(msv_kvd_create(ops, cfg, w, 2, 64, 0, 1, err, sizeof(err)) == NULL
-        && strstr(err, "MSV_CUDA_PREFETCH") != NULL,
-        "MSV_CUDA_PREFETCH=16MB is refused with a message naming it");
-    unsetenv("MSV_CUDA_PREFETCH");
+    /* a bad value of a variable create reads: refused, naming it */
+    for (i = 0; i < sizeof(bad_env) / sizeof(bad_env[0]); i++) {
+        setenv(bad_env[i][0], bad_env[i][1], 1);
+        err[0] = '\0';
+        b = msv_kvd_create(ops, cfg, w, 2, 64, 0, 1, err, sizeof(err));
+        unsetenv(bad_env[i][0]);
+        if (b == NULL && strstr(err, bad_env[i][0]) != NULL) {
+            tap_ok(1, "cuda api: %s=%s is refused with a message naming "
+                   "it", bad_env[i][0], bad_env[i][1]);
+        } else {
+            chk_fail("cuda api: %s=%s is refused with a message naming it "
+                     "(%s)", bad_env[i][0], bad_env[i][1],
+                     b == NULL ? err : "created");
+            if (b != NULL) {
+                msv_kvd_destroy(ops, b);
+            }
+        }
+    }
 
     b = msv_kvd_create(ops, cfg, w, 4, 64, 64, 1, err, sizeof(err));
     if (b == NULL) {
