@@ -211,6 +211,15 @@ def steps(label):
         f = line.split()
         rows.append({f[i]: float(f[i + 1]) for i in range(0, len(f) - 1, 2)})
     return rows
+def steady(label, b):
+    """the plain steps with all b sequences decoding, their median wall
+    and gap ms (None: no such step)"""
+    plain = [x for x in steps(label) if x["seqs"] == b and x["tokens"] == b
+             and x["detail"] == 0]
+    if not plain:
+        return None
+    return (plain, st.median(x["wall_ms"] for x in plain),
+            st.median(x["gap_ms"] for x in plain[1:] or plain))
 floor = {}
 for line in open(os.path.join(out, "floor.txt")):
     f = line.split()
@@ -223,33 +232,30 @@ print("%-6s %10s %10s %9s %9s %8s %8s %10s %7s" % ("batch", "fwd_tok/s",
       "ratio"))
 for lab, b in (("b1", 1), ("b64", 64), ("b256", 256), ("ib1", 1),
                ("ib64", 64), ("ib256", 256)):
-    r = [x for x in steps(lab) if x["seqs"] == b and x["tokens"] == b]
-    plain = [x for x in r if x["detail"] == 0]
-    if not plain:
+    sd = steady(lab, b)
+    if sd is None:
         print("%-6s no steady steps" % lab)
         continue
-    wall = st.median(x["wall_ms"] for x in plain)
-    gap = st.median(x["gap_ms"] for x in plain[1:] or plain)
+    plain, wall, gap = sd
     fm, ft = floor.get(b, (float("nan"), float("nan")))
     print("%-6s %10.1f %10.1f %9.3f %9.3f %8.2f %8.3f %10.1f %7.2f" % (lab,
           b / wall * 1e3, b / (wall + gap) * 1e3, wall, gap,
           st.mean(x["graph"] for x in plain), fm, ft, fm / wall))
+# the pf case's runs, pf<k>_<MB> then ipf<k>_<MB>, in k order
 pf = sorted((f[6:-4] for f in os.listdir(out)
              if f.startswith("steps_") and "pf" in f and f.endswith(".txt")),
-            key=lambda x: (x.startswith("i"), int(x.split("_")[0][x.index("f") + 1:])))
+            key=lambda x: (x[0] == "i", int(x.split("_")[0].lstrip("ipf"))))
 if pf:
     print()
     print("%-12s %6s %9s %9s %9s   (batch 1 by MSV_CUDA_PREFETCH MB; "
           "i: --batch-invariant)" % ("run", "MB", "fwd_tok/s", "fwd_ms",
                                      "gap_ms"))
 for lab in pf:
-    plain = [x for x in steps(lab) if x["seqs"] == 1 and x["tokens"] == 1
-             and x["detail"] == 0]
-    if not plain:
+    sd = steady(lab, 1)
+    if sd is None:
         print("%-12s no steady steps" % lab)
         continue
-    wall = st.median(x["wall_ms"] for x in plain)
-    gap = st.median(x["gap_ms"] for x in plain[1:] or plain)
+    _, wall, gap = sd
     print("%-12s %6s %9.1f %9.3f %9.3f" % (lab, lab.split("_")[1],
           1 / wall * 1e3, wall, gap))
 print()

@@ -177,7 +177,8 @@ struct msv_gsampler {
     size_t               up_cap;
 
     int                  stream_on;  /* the streaming kernel runs first */
-    int                  sort_on;    /* top_p by a sort where it can */
+    int                  sort_on;    /* top_k and top_p cuts by a sort
+                                        where they can */
     uint32_t             chunk4;     /* its slice at clusters of 4 */
     int                  ncl[2];     /* its clusters at once, of 8 and 4
                                         blocks (0: unknown) */
@@ -3440,19 +3441,25 @@ msv_gsampler_profile(struct msv_gsampler *g, double cycles[7])
 }
 
 
-extern "C" int
-msv_gsampler_paths(struct msv_gsampler *g, unsigned long long paths[3])
+/* Counts [from, from + n) of d_paths into out; 0, or -1 on an error. */
+static int
+msv_gs_counts(struct msv_gsampler *g, uint32_t from, uint32_t n,
+    unsigned long long *out)
 {
-    unsigned long long  h[5];
-
-    if (cudaMemcpy(h, g->d_paths, sizeof(h), cudaMemcpyDeviceToHost)
-        != cudaSuccess)
+    if (cudaMemcpy(out, g->d_paths + from, n * sizeof(*out),
+                   cudaMemcpyDeviceToHost) != cudaSuccess)
     {
         cudaGetLastError();
         return -1;
     }
-    memcpy(paths, h, 3 * sizeof(h[0]));
-    return g->stream_on;
+    return 0;
+}
+
+
+extern "C" int
+msv_gsampler_paths(struct msv_gsampler *g, unsigned long long paths[3])
+{
+    return msv_gs_counts(g, 0, 3, paths) != 0 ? -1 : g->stream_on;
 }
 
 
@@ -3461,13 +3468,7 @@ msv_gsampler_sorted(struct msv_gsampler *g)
 {
     unsigned long long  h;
 
-    if (cudaMemcpy(&h, g->d_paths + 4, sizeof(h), cudaMemcpyDeviceToHost)
-        != cudaSuccess)
-    {
-        cudaGetLastError();
-        return -1;
-    }
-    return (long long) h;
+    return msv_gs_counts(g, 4, 1, &h) != 0 ? -1 : (long long) h;
 }
 
 

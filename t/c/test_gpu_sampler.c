@@ -357,6 +357,8 @@ run_vocab(uint32_t V, int all_fast)
     {
         unsigned long long  pth[3];
         int                 on = msv_gsampler_paths(g, pth);
+        long long           ns = msv_gsampler_sorted(g);
+        const char         *sort = getenv("MSV_CUDA_SAMPLER_SORT");
 
         /* the rows above went through every path of the sampler: the
          * streaming kernel on its prediction and after its histogram,
@@ -370,19 +372,13 @@ run_vocab(uint32_t V, int all_fast)
             tap_ok(on == 0, "V %u: the resident kernel alone "
                    "(MSV_CUDA_SAMPLER_STREAM=0)", V);
         }
-    }
-    {
+
         /* the cuts made on a sort (set in block 0, at most 2,048) ran on
          * some rows, unless turned off; the rounds made the others */
-        long long    ns = msv_gsampler_sorted(g);
-        const char  *sort = getenv("MSV_CUDA_SAMPLER_SORT");
-        int          off = sort != NULL && strcmp(sort, "0") == 0;
-        const char  *st = getenv("MSV_CUDA_SAMPLER_STREAM");
-
-        if (st != NULL && strcmp(st, "0") == 0) {
+        if (on == 0) {
             tap_ok(ns == 0, "V %u: no cut on a sort counted without the "
                    "streaming kernel (%lld)", V, ns);
-        } else if (off) {
+        } else if (sort != NULL && strcmp(sort, "0") == 0) {
             tap_ok(ns == 0, "V %u: no cut on a sort with "
                    "MSV_CUDA_SAMPLER_SORT=0 (%lld)", V, ns);
         } else {
